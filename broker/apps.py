@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class BrokerConfig(AppConfig):
+    name = "broker"
+    verbose_name = "Broker"
+
+    def ready(self) -> None:
+        from broker import checks  # noqa: F401  (registers the system checks)

@@ -1,0 +1,33 @@
+"""Start-up system checks with stable IDs (`manage.py check`, `check --deploy`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+
+from broker.crypto import cipher
+
+
+@register()
+def check_encryption_keys(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        cipher()
+    except ImproperlyConfigured as exc:
+        return [Error(str(exc), id="broker.E001")]
+    return []
+
+
+@register(Tags.database, deploy=True)
+def check_production_database(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        return [
+            Warning(
+                "SQLite is the zero-setup store for a first run; use PostgreSQL in production.",
+                hint="Set DATABASE_URL=postgres://user:password@host:5432/name.",
+                id="broker.W001",
+            )
+        ]
+    return []

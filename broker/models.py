@@ -1,0 +1,95 @@
+"""Core domain: producers, channels and messages (SPEC §3)."""
+
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from django.db import models
+
+from broker.tokens import generate_token, hash_token, token_matches
+
+# Client-chosen IDs appear in URL paths, so they are restricted to URL-safe characters.
+validate_resource_id = RegexValidator(
+    r"^[A-Za-z0-9_-]{1,255}\Z", "Use 1 to 255 letters, digits, '_' or '-'."
+)
+# Message IDs also allow '.' and ':' (UUIDs, "order:42", "v1.2") but must not start with a dot, so
+# they can never be the path segments "." or "..".
+validate_message_id = RegexValidator(
+    r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,254}\Z",
+    "Use 1 to 255 letters, digits, '_', '-', '.' or ':' (not starting with '.', ':' or '-').",
+)
+
+
+class TokenProtected(models.Model):
+    """A resource named by a client-chosen ID and guarded by a token stored as a hash."""
+
+    id = models.CharField(primary_key=True, max_length=255, validators=[validate_resource_id])
+    name = models.CharField(max_length=255)
+    token_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)  # the API's ChangedAt and Last-Modified
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return self.id
+
+    def set_token(self, token: str | None = None) -> str:
+        """Store a token (a new random one when None) and return it in plain text, once."""
+        token = token or generate_token()
+        self.token_hash = hash_token(token)
+        return token
+
+    def check_token(self, given: str | None) -> bool:
+        return token_matches(given, self.token_hash)
+
+
+class Producer(TokenProtected):
+    pass
+
+
+class Channel(TokenProtected):
+    pass
+
+
+class Message(models.Model):
+    class Status(models.TextChoices):
+        # Stored, but the channel had no consumer to fan out to.
+        ACKNOWLEDGED = "ACKNOWLEDGED"
+        # Jobs exist for every consumer the channel had at publish time (created in the same
+        # transaction as the message itself).
+        DISPATCHED = "DISPATCHED"
+
+    # No single-column FK indexes: the unique (channel, public_id) constraint already leads with
+    # channel, and a producer is only looked up by its messages when it is deleted (rare; a scan is
+    # acceptable there, an extra index on every publish is not).
+    channel = models.ForeignKey(
+        Channel, on_delete=models.CASCADE, related_name="messages", db_index=False
+    )
+    producer = models.ForeignKey(
+        Producer, on_delete=models.PROTECT, related_name="messages", db_index=False
+    )
+    public_id = models.CharField(max_length=255, validators=[validate_message_id])
+    payload = models.BinaryField()
+    content_type = models.CharField(max_length=255)
+    priority = models.IntegerField(default=0)
+    # Metadata headers kept from the broadcast request and replayed on delivery.
+    headers = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=12, choices=Status.choices)
+    received_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Also serves GET /channel/{c}/message/{m} and the duplicate check on publish.
+            models.UniqueConstraint(fields=["channel", "public_id"], name="message_id_unique"),
+        ]
+        indexes = [
+            # GET /channel/{c}/messages?status=…, newest first.
+            models.Index(
+                fields=["channel", "status", "-received_at"], name="message_channel_status_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}/{self.public_id}"

@@ -1,0 +1,221 @@
+"""Seed configuration in webhook-broker's INI format (SPEC §6.11).
+
+    [initial-channels]          channel-id = Channel name
+    [initial-channel-tokens]    channel-id = token
+    [initial-producers]         producer-id = Producer name
+    [initial-producer-tokens]   producer-id = token
+    [initial-consumers]         consumer-id = callback URL
+    [consumer-id]               channel = channel-id, type = push|pull, token = ...
+
+The whole file is parsed and validated before anything is written, then applied in one
+transaction: a bad file changes nothing. Loading the same file again changes nothing either (not
+even timestamps). Sections that configure webhook-broker itself ([rdbms], [http], [broker], ...)
+are ignored, so its whole configuration file can be loaded as it is.
+"""
+
+from __future__ import annotations
+
+import configparser
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from broker.models import Channel, Producer, TokenProtected, validate_resource_id
+from consumers.models import Consumer, validate_callback_url
+
+CHANNELS, CHANNEL_TOKENS = "initial-channels", "initial-channel-tokens"
+PRODUCERS, PRODUCER_TOKENS = "initial-producers", "initial-producer-tokens"
+CONSUMERS, CONSUMER_TOKENS = "initial-consumers", "initial-consumer-tokens"
+CONSUMER_KEYS = {"channel", "type", "token"}
+
+
+class SeedError(ValueError):
+    def __init__(self, section: str, key: str | None, problem: str) -> None:
+        where = f"[{section}]" + (f" {key}" if key else "")
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True)
+class SeedResource:
+    id: str
+    name: str
+    token: str | None
+
+
+@dataclass(frozen=True)
+class SeedConsumer:
+    id: str
+    channel: str
+    callback_url: str
+    type: str
+    token: str | None
+
+
+@dataclass
+class Seed:
+    channels: list[SeedResource] = field(default_factory=list)
+    producers: list[SeedResource] = field(default_factory=list)
+    consumers: list[SeedConsumer] = field(default_factory=list)
+
+
+def parse_seed(text: str) -> Seed:
+    parser = configparser.ConfigParser(interpolation=None, strict=True, default_section="\0")
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # IDs are case-sensitive
+    try:
+        parser.read_string(text)
+    except configparser.Error as exc:
+        raise _syntax_error(exc, text) from None
+    channels = _parse_resources(parser, CHANNELS, CHANNEL_TOKENS)
+    return Seed(
+        channels=channels,
+        producers=_parse_resources(parser, PRODUCERS, PRODUCER_TOKENS),
+        consumers=_parse_consumers(parser, {channel.id for channel in channels}),
+    )
+
+
+def _syntax_error(exc: configparser.Error, text: str) -> SeedError:
+    if isinstance(exc, configparser.DuplicateOptionError):
+        return SeedError(exc.section, exc.option, f"duplicate key (line {exc.lineno})")
+    if isinstance(exc, configparser.DuplicateSectionError):
+        return SeedError(exc.section, None, f"duplicate section (line {exc.lineno})")
+    if isinstance(exc, configparser.MissingSectionHeaderError):
+        return SeedError("file", None, f"line {exc.lineno}: {exc.line!r} is not in any [section]")
+    if isinstance(exc, configparser.ParsingError) and exc.errors:
+        line_number, line = exc.errors[0]
+        section = _section_at(text, line_number)
+        return SeedError(section, None, f"line {line_number}: expected key=value, got {line!r}")
+    return SeedError("file", None, exc.message)
+
+
+def _section_at(text: str, line_number: int) -> str:
+    """The name of the [section] that a line of the file belongs to."""
+    section = "file"
+    for line in text.splitlines()[:line_number]:
+        if line.strip().startswith("[") and line.strip().endswith("]"):
+            section = line.strip()[1:-1]
+    return section
+
+
+def _section(parser: configparser.ConfigParser, name: str) -> dict[str, str]:
+    return dict(parser[name]) if parser.has_section(name) else {}
+
+
+def _check_id(section: str, key: str) -> None:
+    try:
+        validate_resource_id(key)
+    except ValidationError as exc:
+        raise SeedError(section, key, f"invalid ID: {exc.messages[0]}") from None
+
+
+def _check_tokens(section: str, tokens: dict[str, str], known: set[str], listed_in: str) -> None:
+    for key, token in tokens.items():
+        if key not in known:
+            raise SeedError(section, key, f"not listed in [{listed_in}]")
+        if not token.strip():
+            raise SeedError(section, key, "empty token")
+
+
+def _parse_resources(
+    parser: configparser.ConfigParser, section: str, token_section: str
+) -> list[SeedResource]:
+    names = _section(parser, section)
+    tokens = _section(parser, token_section)
+    for key in names:
+        _check_id(section, key)
+    _check_tokens(token_section, tokens, set(names), section)
+    return [
+        SeedResource(id=key, name=name.strip() or key, token=tokens.get(key, "").strip() or None)
+        for key, name in names.items()
+    ]
+
+
+def _parse_consumers(parser: configparser.ConfigParser, channels: set[str]) -> list[SeedConsumer]:
+    urls = _section(parser, CONSUMERS)
+    legacy_tokens = _section(parser, CONSUMER_TOKENS)
+    _check_tokens(CONSUMER_TOKENS, legacy_tokens, set(urls), CONSUMERS)
+    return [
+        _parse_consumer(parser, key, url.strip(), channels, legacy_tokens.get(key))
+        for key, url in urls.items()
+    ]
+
+
+def _parse_consumer(
+    parser: configparser.ConfigParser,
+    key: str,
+    url: str,
+    channels: set[str],
+    legacy_token: str | None,
+) -> SeedConsumer:
+    _check_id(CONSUMERS, key)
+    try:
+        validate_callback_url(url)
+    except ValidationError:
+        raise SeedError(CONSUMERS, key, f"{url!r} is not an absolute http(s) URL") from None
+    if not parser.has_section(key):
+        raise SeedError(CONSUMERS, key, f"no [{key}] section giving its channel")
+    options = dict(parser[key])
+    unknown = sorted(set(options) - CONSUMER_KEYS)
+    if unknown:
+        raise SeedError(key, unknown[0], f"unknown key (expected one of {sorted(CONSUMER_KEYS)})")
+    channel = options.get("channel", "").strip()
+    if not channel:
+        raise SeedError(key, "channel", "missing")
+    if channel not in channels:
+        raise SeedError(key, "channel", f"{channel!r} is not listed in [{CHANNELS}]")
+    consumer_type = options.get("type", "").strip() or Consumer.Type.PUSH
+    if consumer_type not in Consumer.Type.values:
+        raise SeedError(key, "type", f"{consumer_type!r} is not push or pull")
+    token = (options.get("token") or legacy_token or "").strip() or None
+    return SeedConsumer(key, channel, url, consumer_type, token)
+
+
+@transaction.atomic
+def apply_seed(seed: Seed) -> list[str]:
+    """Create or update everything the seed names; return one line per resource."""
+    report = [_apply_resource(Channel, item) for item in seed.channels]
+    report += [_apply_resource(Producer, item) for item in seed.producers]
+    report += [_apply_consumer(item) for item in seed.consumers]
+    return report
+
+
+def _apply_resource(model: type[Channel] | type[Producer], item: SeedResource) -> str:
+    label = f"{model.__name__.lower()} {item.id}"
+    instance: TokenProtected | None = model.objects.filter(pk=item.id).first()
+    if instance is None:
+        instance = model(id=item.id, name=item.name)
+        token = instance.set_token(item.token)
+        instance.save(force_insert=True)
+        # Generated tokens are stored hashed: this is the only time anyone can read them.
+        return f"{label}: created" + ("" if item.token else f" with generated token {token}")
+    changed = instance.name != item.name or (
+        item.token is not None and not instance.check_token(item.token)
+    )
+    if not changed:
+        return f"{label}: unchanged"
+    instance.name = item.name
+    if item.token is not None:
+        instance.set_token(item.token)
+    instance.save()
+    return f"{label}: updated"
+
+
+def _apply_consumer(item: SeedConsumer) -> str:
+    label = f"consumer {item.channel}/{item.id}"
+    wanted = {"name": item.id, "callback_url": item.callback_url, "type": item.type}
+    consumer = Consumer.objects.filter(channel_id=item.channel, public_id=item.id).first()
+    if consumer is None:
+        consumer = Consumer(channel_id=item.channel, public_id=item.id, **wanted)
+        if item.token is not None:
+            consumer.token = item.token
+        consumer.save(force_insert=True)
+        return f"{label}: created"
+    if item.token is not None and not consumer.check_token(item.token):
+        wanted["token"] = item.token
+    changed = {name: value for name, value in wanted.items() if getattr(consumer, name) != value}
+    if not changed:
+        return f"{label}: unchanged"
+    for name, value in changed.items():
+        setattr(consumer, name, value)
+    consumer.save()
+    return f"{label}: updated"

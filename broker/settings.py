@@ -1,0 +1,133 @@
+"""Django settings, all read from the environment (see docs/configuration.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_int_list,
+    env_list,
+    env_secret,
+    env_secret_list,
+    env_str,
+    parse_database_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Flagged by `manage.py check --deploy` (security.W009) because of its prefix: never run with it.
+INSECURE_DEFAULT_SECRET_KEY = "django-insecure-webhook-broker-development-key-do-not-deploy"  # noqa: S105
+SECRET_KEY = env_secret("DJANGO_SECRET_KEY", INSECURE_DEFAULT_SECRET_KEY)
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# Behind TLS (directly or via a proxy that sets X-Forwarded-Proto): secure cookies, HTTPS redirect
+# and HSTS. Off by default so a first run over plain HTTP on localhost works.
+DJANGO_HTTPS = env_bool("DJANGO_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = DJANGO_HTTPS
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31536000 if DJANGO_HTTPS else 0, minimum=0)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if DJANGO_HTTPS else None
+# /_status must answer plain HTTP health probes even when everything else redirects to HTTPS.
+SECURE_REDIRECT_EXEMPT = [r"^_status$"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "broker",
+    "consumers",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "broker.urls"
+WSGI_APPLICATION = "broker.wsgi.application"
+ASGI_APPLICATION = "broker.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        **parse_database_url(env_str("DATABASE_URL", "sqlite:///broker.sqlite3")),
+        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
+        "CONN_HEALTH_CHECKS": True,
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+# WhiteNoise serves static files from the app itself, so the admin looks right under gunicorn with
+# no web server in front. Finders let a first run work before `collectstatic`.
+WHITENOISE_USE_FINDERS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("DJANGO_LOG_LEVEL", "INFO").upper()},
+}
+
+# --- Broker settings (names from SPEC §10). Code reads them through django.conf.settings at call
+# time, never at import, so tests can override them.
+BROKER_ADMIN_TOKENS = env_secret_list("BROKER_ADMIN_TOKENS")
+BROKER_OPEN_ADMIN_API = env_bool("BROKER_OPEN_ADMIN_API", False)
+BROKER_ALLOW_PRIVATE_CALLBACKS = env_bool("BROKER_ALLOW_PRIVATE_CALLBACKS", False)
+BROKER_DELIVERY_TIMEOUT_SECONDS = env_int("BROKER_DELIVERY_TIMEOUT_SECONDS", 30, minimum=1)
+BROKER_RATIONAL_DELAY_SECONDS = env_int("BROKER_RATIONAL_DELAY_SECONDS", 2, minimum=0)
+# Eight retries spread over about 22 hours: 30 s, 2 min, 10 min, 30 min, 1 h, 2 h, 6 h, 12 h.
+BROKER_RETRY_DELAYS = env_int_list(
+    "BROKER_RETRY_DELAYS", [30, 120, 600, 1800, 3600, 7200, 21600, 43200], minimum=0
+)
+BROKER_RETRY_JITTER = env_float("BROKER_RETRY_JITTER", 0.2, minimum=0.0, maximum=1.0)
+BROKER_CIRCUIT_FAILURE_THRESHOLD = env_int("BROKER_CIRCUIT_FAILURE_THRESHOLD", 5, minimum=0)
+BROKER_CIRCUIT_COOLDOWN_SECONDS = env_int("BROKER_CIRCUIT_COOLDOWN_SECONDS", 30, minimum=1)
+BROKER_MIN_SCHEDULE_DELAY_SECONDS = env_int("BROKER_MIN_SCHEDULE_DELAY_SECONDS", 120, minimum=0)
+BROKER_PAYLOAD_OFFLOAD_BYTES = env_int("BROKER_PAYLOAD_OFFLOAD_BYTES", 262144, minimum=1)
+BROKER_MAX_PAYLOAD_BYTES = env_int("BROKER_MAX_PAYLOAD_BYTES", 5242880, minimum=1)
+# Fernet keys (comma-separated, newest first) that encrypt consumer tokens and signing secrets at
+# rest. Empty: one key derived from SECRET_KEY, so rotating SECRET_KEY then needs these set.
+BROKER_ENCRYPTION_KEYS = env_secret_list("BROKER_ENCRYPTION_KEYS")

@@ -1,0 +1,52 @@
+"""Consumers of a channel: where and how its messages are delivered (SPEC §3, §4)."""
+
+from __future__ import annotations
+
+from django.core.validators import URLValidator
+from django.db import models
+
+from broker.crypto import EncryptedTextField
+from broker.models import Channel, validate_resource_id
+from broker.tokens import generate_token, secrets_equal
+
+validate_callback_url = URLValidator(schemes=["http", "https"])
+
+
+class Consumer(models.Model):
+    class Type(models.TextChoices):
+        PUSH = "push"
+        PULL = "pull"
+
+    class Ordering(models.TextChoices):
+        NONE = "none"
+        ORDERED = "ordered"
+
+    # The unique (channel, public_id) constraint below doubles as the channel index.
+    channel = models.ForeignKey(
+        Channel, on_delete=models.CASCADE, related_name="consumers", db_index=False
+    )
+    public_id = models.CharField(max_length=255, validators=[validate_resource_id])
+    name = models.CharField(max_length=255)
+    # Encrypted, not hashed: push deliveries send it to the consumer in X-Broker-Consumer-Token.
+    token = EncryptedTextField(default=generate_token)
+    callback_url = models.CharField(max_length=2048, validators=[validate_callback_url])
+    type = models.CharField(max_length=4, choices=Type.choices, default=Type.PUSH)
+    paused = models.BooleanField(default=False)
+    ordering = models.CharField(max_length=7, choices=Ordering.choices, default=Ordering.NONE)
+    # Seconds to wait before each retry; null means the global BROKER_RETRY_DELAYS.
+    retry_delays = models.JSONField(null=True, blank=True)
+    non_retryable_statuses = models.JSONField(default=list, blank=True)
+    max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "public_id"], name="consumer_id_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}/{self.public_id}"
+
+    def check_token(self, given: str | None) -> bool:
+        return secrets_equal(given, self.token)

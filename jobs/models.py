@@ -1,0 +1,173 @@
+"""Jobs (one per message and consumer) and the record of every push attempt (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from broker.models import Message
+from consumers.models import Consumer
+from jobs.states import (
+    DEAD,
+    DELIVERED,
+    INFLIGHT,
+    QUEUED,
+    ForbiddenTransition,
+    JobStatus,
+    TransitionConflict,
+    check_transition,
+)
+
+
+def lease_expiry(now: datetime, incremental_timeout: int = 0) -> datetime:
+    """When an INFLIGHT job handed out at `now` returns to the queue (SPEC §10)."""
+    seconds = (
+        settings.BROKER_DELIVERY_TIMEOUT_SECONDS
+        + settings.BROKER_RATIONAL_DELAY_SECONDS
+        + incremental_timeout
+    )
+    return now + timedelta(seconds=seconds)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def transition(self, source: JobStatus, target: JobStatus, **changes: Any) -> int:
+        """Move every job of this queryset that is still `source` to `target`.
+
+        One conditional UPDATE: concurrent actors can never both win, and the returned row count
+        says how many jobs this caller moved.
+        """
+        check_transition(source, target)
+        return self.filter(status=source).update(
+            status=target, status_changed_at=timezone.now(), **changes
+        )
+
+    def requeue_dead(self) -> int:
+        return self.transition(DEAD, QUEUED, **_requeue_changes())
+
+
+def _requeue_changes() -> dict[str, Any]:
+    return {"attempts": 0, "next_attempt_at": timezone.now(), "lease_expires_at": None}
+
+
+class Job(models.Model):
+    Status = JobStatus
+
+    # No FK index on message: the unique (message, consumer) constraint leads with it.
+    message = models.ForeignKey(
+        Message, on_delete=models.CASCADE, related_name="jobs", db_index=False
+    )
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs")
+    status = models.CharField(max_length=9, choices=JobStatus.choices, default=QUEUED)
+    priority = models.IntegerField(default=0)  # copied from the message so claims need no join
+    # Times this job was handed out (push claim, pull take, retry of a dead job); reset on requeue.
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(
+        default=timezone.now
+    )  # not claimable before this (backoff)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)  # set while INFLIGHT
+    incremental_timeout = models.PositiveIntegerField(default=0)  # pull: extra lease seconds
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["message", "consumer"], name="job_per_consumer_unique"),
+        ]
+        indexes = [
+            # Dispatcher claim: QUEUED jobs due now, ORDER BY priority DESC, next_attempt_at.
+            models.Index(
+                fields=["-priority", "next_attempt_at"],
+                condition=Q(status=QUEUED),
+                name="job_due_idx",
+            ),
+            # Pull queued-jobs and claim of one consumer: priority desc, then oldest (lowest id)
+            # first; also per-consumer queue depth.
+            models.Index(
+                fields=["consumer", "-priority", "id"],
+                condition=Q(status=QUEUED),
+                name="job_consumer_queued_idx",
+            ),
+            # DLQ listing, /dlq-status counts per consumer, and "requeue since T".
+            models.Index(
+                fields=["consumer", "status_changed_at"],
+                condition=Q(status=DEAD),
+                name="job_consumer_dead_idx",
+            ),
+            # Sweep of expired leases: INFLIGHT jobs WHERE lease_expires_at < now.
+            models.Index(
+                fields=["lease_expires_at"], condition=Q(status=INFLIGHT), name="job_lease_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.status})"
+
+    @property
+    def public_id(self) -> str:
+        return str(self.pk)
+
+    def start(self, incremental_timeout: int = 0) -> None:
+        """QUEUED or DEAD -> INFLIGHT under a lease; uses up one attempt."""
+        now = timezone.now()
+        self._move(
+            JobStatus(self.status),  # the table allows QUEUED and DEAD; anything else is refused
+            INFLIGHT,
+            attempts=F("attempts") + 1,
+            lease_expires_at=lease_expiry(now, incremental_timeout),
+            incremental_timeout=incremental_timeout,
+        )
+
+    def mark_delivered(self) -> None:
+        self._move(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
+
+    def retry_later(self, due_at: datetime, error: str) -> None:
+        self._move(
+            INFLIGHT, QUEUED, next_attempt_at=due_at, lease_expires_at=None, last_error=error
+        )
+
+    def mark_dead(self, reason: str) -> None:
+        self._move(INFLIGHT, DEAD, lease_expires_at=None, last_error=reason)
+
+    def requeue(self) -> None:
+        self._move(DEAD, QUEUED, **_requeue_changes())
+
+    def _move(self, source: JobStatus, target: JobStatus, **changes: Any) -> None:
+        check_transition(source, target)
+        if self.status != source:
+            raise ForbiddenTransition(self.status, target)
+        if not Job.objects.filter(pk=self.pk).transition(source, target, **changes):
+            raise TransitionConflict(self.pk, source, target)
+        self.refresh_from_db()
+
+
+class DeliveryAttempt(models.Model):
+    """One push attempt: what was sent when, and what came back."""
+
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="delivery_attempts", db_index=False
+    )
+    attempt_number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)  # None: no response
+    # "http-status", "timeout", "connection", "payload-missing", ... ; "" for a 2xx.
+    error_class = models.CharField(max_length=40, blank=True, default="")
+    response_excerpt = models.TextField(blank=True, default="")  # first few KiB of the body
+    dispatcher_id = models.CharField(max_length=255)
+
+    class Meta:
+        indexes = [
+            # A job's attempt history, in order (UI and API); the FK index is this one.
+            models.Index(fields=["job", "started_at"], name="attempt_job_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_number} of job {self.job_id}"

@@ -1,0 +1,1 @@
+"""Delivery analytics and archival on PySpark (SPEC §8). Importable without Django."""

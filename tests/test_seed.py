@@ -1,0 +1,181 @@
+"""`manage.py load_seed` for webhook-broker's INI seed format (SPEC §6.11)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from broker.models import Channel, Producer
+from consumers.models import Consumer
+
+pytestmark = pytest.mark.django_db
+
+GOOD_SEED = """
+# webhook-broker's own settings live in the same file and are ignored here
+[http]
+listener=:8080
+
+[initial-channels]
+orders=Order events
+Audit_Log-2=
+
+[initial-channel-tokens]
+orders=orders-channel-token
+
+[initial-producers]
+shop=The Shop
+
+[initial-producer-tokens]
+shop=shop-token
+
+[initial-consumers]
+billing=https://billing.example.com/hooks?x=1
+auditor=http://audit.example.com:8080/in
+
+[billing]
+channel=orders
+token=billing-token
+
+[auditor]
+channel=Audit_Log-2
+type=pull
+"""
+
+
+def load(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "seed.cfg"
+    path.write_text(text)
+    out = io.StringIO()
+    call_command("load_seed", str(path), stdout=out)
+    return out.getvalue()
+
+
+def snapshot() -> list[tuple[object, ...]]:
+    return [
+        *Channel.objects.order_by("pk").values_list("pk", "name", "token_hash", "changed_at"),
+        *Producer.objects.order_by("pk").values_list("pk", "name", "token_hash", "changed_at"),
+        *Consumer.objects.order_by("pk").values_list(
+            "channel_id", "public_id", "callback_url", "type", "changed_at"
+        ),
+    ]
+
+
+def test_good_file_creates_everything(tmp_path):
+    output = load(tmp_path, GOOD_SEED)
+
+    orders = Channel.objects.get(pk="orders")
+    assert orders.name == "Order events"
+    assert orders.check_token("orders-channel-token")
+    audit = Channel.objects.get(pk="Audit_Log-2")
+    assert audit.name == "Audit_Log-2"  # an empty name falls back to the ID
+    assert "channel Audit_Log-2: created with generated token " in output
+    generated = output.split("channel Audit_Log-2: created with generated token ")[1].split()[0]
+    assert audit.check_token(generated)
+    shop = Producer.objects.get(pk="shop")
+    assert (shop.name, shop.check_token("shop-token")) == ("The Shop", True)
+    billing = Consumer.objects.get(channel=orders, public_id="billing")
+    assert billing.callback_url == "https://billing.example.com/hooks?x=1"
+    assert (billing.type, billing.token) == ("push", "billing-token")
+    auditor = Consumer.objects.get(channel=audit, public_id="auditor")
+    assert auditor.type == "pull"
+    assert len(auditor.token) >= 32  # generated
+
+
+def test_reloading_the_same_file_changes_nothing(tmp_path):
+    load(tmp_path, GOOD_SEED)
+    before = snapshot()
+
+    output = load(tmp_path, GOOD_SEED)
+
+    assert snapshot() == before
+    assert output.count("unchanged") == 5
+    assert "generated token" not in output  # generated tokens are kept, not rotated
+
+
+def test_reloading_an_edited_file_updates_what_changed(tmp_path):
+    load(tmp_path, GOOD_SEED)
+    edited = GOOD_SEED.replace("shop=shop-token", "shop=new-shop-token").replace(
+        "http://audit.example.com:8080/in", "http://audit.example.com/v2"
+    )
+
+    output = load(tmp_path, edited)
+
+    assert Producer.objects.get(pk="shop").check_token("new-shop-token")
+    assert Consumer.objects.get(public_id="auditor").callback_url == "http://audit.example.com/v2"
+    assert "producer shop: updated" in output
+    assert "consumer Audit_Log-2/auditor: updated" in output
+    assert "channel orders: unchanged" in output
+
+
+def test_legacy_consumer_token_section_is_accepted(tmp_path):
+    seed = GOOD_SEED + "\n[initial-consumer-tokens]\nauditor=legacy-token\n"
+
+    load(tmp_path, seed)
+
+    assert Consumer.objects.get(public_id="auditor").token == "legacy-token"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("[initial-consumers]", "[initial-consumers]\nbad id=http://x.example.com"),
+            "[initial-consumers] bad id: invalid ID",
+        ),
+        (
+            ("billing=https://billing.example.com/hooks?x=1", "billing=ftp://x"),
+            "[initial-consumers] billing: 'ftp://x' is not",
+        ),
+        (
+            ("billing=https://billing.example.com/hooks?x=1", "billing=/relative"),
+            "[initial-consumers] billing",
+        ),
+        (("channel=orders", "channel=nowhere"), "[billing] channel: 'nowhere' is not listed"),
+        (("channel=orders\n", ""), "[billing] channel: missing"),
+        (("type=pull", "type=poll"), "[auditor] type: 'poll' is not push or pull"),
+        (("type=pull", "colour=blue"), "[auditor] colour: unknown key"),
+        (("[auditor]", "[someone-else]"), "[initial-consumers] auditor: no [auditor] section"),
+        (
+            ("orders=orders-channel-token", "unknown=t"),
+            "[initial-channel-tokens] unknown: not listed",
+        ),
+        (("shop=shop-token", "shop="), "[initial-producer-tokens] shop: empty token"),
+        (("shop=The Shop", "shop=The Shop\nshop=Again"), "[initial-producers] shop: duplicate key"),
+        (
+            ("[initial-producers]", "[initial-producers]\nno-delimiter-here"),
+            "[initial-producers]: line 14: expected key=value",
+        ),
+        (("[auditor]\n", "[billing]\n"), "[billing]: duplicate section"),
+        (("# webhook", "stray=1\n# webhook"), "[file]"),
+    ],
+)
+def test_a_bad_file_names_the_problem_and_loads_nothing(tmp_path, change, message):
+    old, new = change
+    assert old in GOOD_SEED
+    bad = GOOD_SEED.replace(old, new, 1)
+
+    with pytest.raises(CommandError) as error:
+        load(tmp_path, bad)
+
+    assert message in str(error.value)
+    assert "nothing was loaded" in str(error.value)
+    assert snapshot() == []
+
+
+def test_a_bad_file_leaves_earlier_loads_untouched(tmp_path):
+    load(tmp_path, GOOD_SEED)
+    before = snapshot()
+    bad = GOOD_SEED.replace("The Shop", "Renamed").replace("type=pull", "type=poll")
+
+    with pytest.raises(CommandError):
+        load(tmp_path, bad)
+
+    assert snapshot() == before
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CommandError, match="Cannot read"):
+        call_command("load_seed", str(tmp_path / "absent.cfg"))

@@ -1,0 +1,57 @@
+"""GET /_status: database health and version, and no secrets."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+import broker
+from tests.helpers import make_channel
+
+
+@pytest.mark.django_db
+def test_status_reports_a_healthy_database(client):
+    response = client.get("/_status")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["version"] == broker.__version__
+    assert body["database"]["healthy"] is True
+    assert body["database"]["vendor"] == connection.vendor
+    assert response["Cache-Control"].startswith("max-age=0")
+
+
+@pytest.mark.django_db
+def test_status_shows_no_secret(client, settings):
+    settings.SECRET_KEY = "a-very-secret-key-value-0123456789-abcdefghijklmnop"
+    settings.BROKER_ADMIN_TOKENS = ["admin-token-value"]
+    make_channel(token="channel-token-value")
+
+    text = client.get("/_status").content.decode()
+
+    for secret in ("a-very-secret-key", "admin-token-value", "channel-token-value", "postgres://"):
+        assert secret not in text
+    assert connection.settings_dict["NAME"] not in text
+
+
+@pytest.mark.django_db
+def test_status_accepts_only_get(client):
+    assert client.post("/_status").status_code == 405
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_status_answers_503_when_the_database_is_unreachable(client):
+    real_port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = "1"  # nothing listens there
+    try:
+        response = client.get("/_status")
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = real_port
+
+    assert response.status_code == 503
+    assert response.json()["status"] == "unavailable"
+    assert response.json()["database"]["healthy"] is False
