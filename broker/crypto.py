@@ -17,6 +17,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
+from broker.conf import broker_settings
+
 
 def _derived_key(secret_key: str) -> bytes:
     digest = hashlib.sha256(b"webhook-broker encryption at rest:" + secret_key.encode()).digest()
@@ -35,7 +37,7 @@ def _cipher(keys: tuple[str, ...], secret_key: str) -> MultiFernet:
 
 
 def cipher() -> MultiFernet:
-    return _cipher(tuple(settings.BROKER_ENCRYPTION_KEYS), settings.SECRET_KEY)
+    return _cipher(tuple(broker_settings.BROKER_ENCRYPTION_KEYS), settings.SECRET_KEY)
 
 
 def encrypt(plaintext: str) -> str:

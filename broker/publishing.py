@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from broker.conf import broker_settings
 from broker.models import Channel, Message, Producer, validate_message_id
 from consumers.models import Consumer
 from jobs.models import Job
@@ -139,10 +139,9 @@ def _encode_payload(
         raise InvalidMessage(f"A payload must be bytes, str, dict or list, not {type(payload)}.")
     if not body:
         raise InvalidMessage("The payload is empty.")
-    if len(body) > settings.BROKER_MAX_PAYLOAD_BYTES:
-        raise PayloadTooLarge(
-            f"The payload has {len(body)} bytes; the limit is {settings.BROKER_MAX_PAYLOAD_BYTES}."
-        )
+    limit = broker_settings.BROKER_MAX_PAYLOAD_BYTES
+    if len(body) > limit:
+        raise PayloadTooLarge(f"The payload has {len(body)} bytes; the limit is {limit}.")
     content_type = content_type or default_type
     if len(content_type) > 255 or _UNSAFE_HEADER_VALUE.search(content_type):
         raise InvalidMessage("The content type is too long or contains control characters.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from broker.conf import DEFAULTS
 from broker.env import (
     env_bool,
     env_float,
@@ -111,23 +112,36 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("DJANGO_LOG_LEVEL", "INFO").upper()},
 }
 
-# --- Broker settings (names from SPEC §10). Code reads them through django.conf.settings at call
-# time, never at import, so tests can override them.
+# --- Broker settings (names from SPEC §10; defaults and meaning in broker/conf.py and
+# docs/configuration.md). Code reads them through broker.conf.broker_settings at call time.
 BROKER_ADMIN_TOKENS = env_secret_list("BROKER_ADMIN_TOKENS")
-BROKER_OPEN_ADMIN_API = env_bool("BROKER_OPEN_ADMIN_API", False)
-BROKER_ALLOW_PRIVATE_CALLBACKS = env_bool("BROKER_ALLOW_PRIVATE_CALLBACKS", False)
-BROKER_DELIVERY_TIMEOUT_SECONDS = env_int("BROKER_DELIVERY_TIMEOUT_SECONDS", 30, minimum=1)
-BROKER_RATIONAL_DELAY_SECONDS = env_int("BROKER_RATIONAL_DELAY_SECONDS", 2, minimum=0)
-# Eight retries spread over about 22 hours: 30 s, 2 min, 10 min, 30 min, 1 h, 2 h, 6 h, 12 h.
-BROKER_RETRY_DELAYS = env_int_list(
-    "BROKER_RETRY_DELAYS", [30, 120, 600, 1800, 3600, 7200, 21600, 43200], minimum=0
+BROKER_OPEN_ADMIN_API = env_bool("BROKER_OPEN_ADMIN_API", DEFAULTS["BROKER_OPEN_ADMIN_API"])
+BROKER_ALLOW_PRIVATE_CALLBACKS = env_bool(
+    "BROKER_ALLOW_PRIVATE_CALLBACKS", DEFAULTS["BROKER_ALLOW_PRIVATE_CALLBACKS"]
 )
-BROKER_RETRY_JITTER = env_float("BROKER_RETRY_JITTER", 0.2, minimum=0.0, maximum=1.0)
-BROKER_CIRCUIT_FAILURE_THRESHOLD = env_int("BROKER_CIRCUIT_FAILURE_THRESHOLD", 5, minimum=0)
-BROKER_CIRCUIT_COOLDOWN_SECONDS = env_int("BROKER_CIRCUIT_COOLDOWN_SECONDS", 30, minimum=1)
-BROKER_MIN_SCHEDULE_DELAY_SECONDS = env_int("BROKER_MIN_SCHEDULE_DELAY_SECONDS", 120, minimum=0)
-BROKER_PAYLOAD_OFFLOAD_BYTES = env_int("BROKER_PAYLOAD_OFFLOAD_BYTES", 262144, minimum=1)
-BROKER_MAX_PAYLOAD_BYTES = env_int("BROKER_MAX_PAYLOAD_BYTES", 5242880, minimum=1)
-# Fernet keys (comma-separated, newest first) that encrypt consumer tokens and signing secrets at
-# rest. Empty: one key derived from SECRET_KEY, so rotating SECRET_KEY then needs these set.
+BROKER_DELIVERY_TIMEOUT_SECONDS = env_int(
+    "BROKER_DELIVERY_TIMEOUT_SECONDS", DEFAULTS["BROKER_DELIVERY_TIMEOUT_SECONDS"], minimum=1
+)
+BROKER_RATIONAL_DELAY_SECONDS = env_int(
+    "BROKER_RATIONAL_DELAY_SECONDS", DEFAULTS["BROKER_RATIONAL_DELAY_SECONDS"], minimum=0
+)
+BROKER_RETRY_DELAYS = env_int_list("BROKER_RETRY_DELAYS", DEFAULTS["BROKER_RETRY_DELAYS"])
+BROKER_RETRY_JITTER = env_float(
+    "BROKER_RETRY_JITTER", DEFAULTS["BROKER_RETRY_JITTER"], minimum=0.0, maximum=1.0
+)
+BROKER_CIRCUIT_FAILURE_THRESHOLD = env_int(
+    "BROKER_CIRCUIT_FAILURE_THRESHOLD", DEFAULTS["BROKER_CIRCUIT_FAILURE_THRESHOLD"], minimum=0
+)
+BROKER_CIRCUIT_COOLDOWN_SECONDS = env_int(
+    "BROKER_CIRCUIT_COOLDOWN_SECONDS", DEFAULTS["BROKER_CIRCUIT_COOLDOWN_SECONDS"], minimum=1
+)
+BROKER_MIN_SCHEDULE_DELAY_SECONDS = env_int(
+    "BROKER_MIN_SCHEDULE_DELAY_SECONDS", DEFAULTS["BROKER_MIN_SCHEDULE_DELAY_SECONDS"], minimum=0
+)
+BROKER_PAYLOAD_OFFLOAD_BYTES = env_int(
+    "BROKER_PAYLOAD_OFFLOAD_BYTES", DEFAULTS["BROKER_PAYLOAD_OFFLOAD_BYTES"], minimum=1
+)
+BROKER_MAX_PAYLOAD_BYTES = env_int(
+    "BROKER_MAX_PAYLOAD_BYTES", DEFAULTS["BROKER_MAX_PAYLOAD_BYTES"], minimum=1
+)
 BROKER_ENCRYPTION_KEYS = env_secret_list("BROKER_ENCRYPTION_KEYS")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from broker.conf import broker_settings
 from broker.models import Message
 from consumers.models import Consumer
 from jobs.states import (
@@ -27,8 +27,8 @@ from jobs.states import (
 def lease_expiry(now: datetime, incremental_timeout: int = 0) -> datetime:
     """When an INFLIGHT job handed out at `now` returns to the queue (SPEC §10)."""
     seconds = (
-        settings.BROKER_DELIVERY_TIMEOUT_SECONDS
-        + settings.BROKER_RATIONAL_DELAY_SECONDS
+        broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
+        + broker_settings.BROKER_RATIONAL_DELAY_SECONDS
         + incremental_timeout
     )
     return now + timedelta(seconds=seconds)

@@ -151,3 +151,15 @@ def test_the_process_refuses_to_start_with_a_bad_setting():
 
     assert result.returncode != 0
     assert "BROKER_RETRY_JITTER='lots' is not a number" in result.stderr
+
+
+def test_broker_settings_fall_back_to_defaults_in_a_host_project(settings):
+    from broker.conf import broker_settings
+
+    del settings.BROKER_MAX_PAYLOAD_BYTES  # a project that installed the apps without setting it
+    settings.BROKER_RETRY_JITTER = 0.5
+
+    assert broker_settings.BROKER_MAX_PAYLOAD_BYTES == 5 * 1024 * 1024
+    assert broker_settings.BROKER_RETRY_JITTER == 0.5
+    with pytest.raises(AttributeError):
+        broker_settings.BROKER_TYPO  # noqa: B018

@@ -1,0 +1,40 @@
+"""The broker's own settings (`BROKER_*`), with their defaults in one place.
+
+Code reads them through `broker_settings`, at each access, so `override_settings` works in tests
+and a project that installs the apps (`pip install .`) needs to set only what it changes.
+`broker/settings.py` takes its environment defaults from here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    "BROKER_ADMIN_TOKENS": [],
+    "BROKER_OPEN_ADMIN_API": False,
+    "BROKER_ALLOW_PRIVATE_CALLBACKS": False,
+    "BROKER_DELIVERY_TIMEOUT_SECONDS": 30,
+    "BROKER_RATIONAL_DELAY_SECONDS": 2,
+    # Eight retries over about 22 hours: 30 s, 2 min, 10 min, 30 min, 1 h, 2 h, 6 h, 12 h.
+    "BROKER_RETRY_DELAYS": [30, 120, 600, 1800, 3600, 7200, 21600, 43200],
+    "BROKER_RETRY_JITTER": 0.2,
+    "BROKER_CIRCUIT_FAILURE_THRESHOLD": 5,
+    "BROKER_CIRCUIT_COOLDOWN_SECONDS": 30,
+    "BROKER_MIN_SCHEDULE_DELAY_SECONDS": 120,
+    "BROKER_PAYLOAD_OFFLOAD_BYTES": 262144,
+    "BROKER_MAX_PAYLOAD_BYTES": 5242880,
+    # Empty: one key derived from SECRET_KEY.
+    "BROKER_ENCRYPTION_KEYS": [],
+}
+
+
+class BrokerSettings:
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"{name} is not a broker setting")
+        return getattr(settings, name, DEFAULTS[name])
+
+
+broker_settings = BrokerSettings()
