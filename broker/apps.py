@@ -9,3 +9,4 @@ class BrokerConfig(AppConfig):
 
     def ready(self) -> None:
         from broker import checks  # noqa: F401  (registers the system checks)
+        from broker.api import schema  # noqa: F401  (registers OpenAPI extensions)

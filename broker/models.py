@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
 from django.core.validators import RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from broker.tokens import generate_token, hash_token, token_matches
 
@@ -19,14 +23,40 @@ validate_message_id = RegexValidator(
 )
 
 
-class TokenProtected(models.Model):
+def next_change_time(previous: datetime | None) -> datetime:
+    """Now, but always in a later second than `previous`.
+
+    `changed_at` is served as Last-Modified, an HTTP date with one-second precision. Moving every
+    change past the previous second means a client holding an older Last-Modified can never pass
+    the If-Unmodified-Since check, even when two changes fall within one second.
+    """
+    now = timezone.now()
+    if previous is None:
+        return now
+    earliest = previous.replace(microsecond=0) + timedelta(seconds=1)
+    return max(now, earliest)
+
+
+class ChangeTracked(models.Model):
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    changed_at = models.DateTimeField(editable=False)  # the API's ChangedAt and Last-Modified
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.changed_at = next_change_time(None if self._state.adding else self.changed_at)
+        super().save(*args, **kwargs)
+
+
+class TokenProtected(ChangeTracked):
     """A resource named by a client-chosen ID and guarded by a token stored as a hash."""
 
     id = models.CharField(primary_key=True, max_length=255, validators=[validate_resource_id])
     name = models.CharField(max_length=255)
     token_hash = models.CharField(max_length=64, editable=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    changed_at = models.DateTimeField(auto_now=True)  # the API's ChangedAt and Last-Modified
+    # The token in plain text, only on the instance that just set it (never stored).
+    plain_token: str | None = None
 
     class Meta:
         abstract = True
@@ -34,10 +64,15 @@ class TokenProtected(models.Model):
     def __str__(self) -> str:
         return self.id
 
+    @property
+    def public_id(self) -> str:
+        return self.id
+
     def set_token(self, token: str | None = None) -> str:
         """Store a token (a new random one when None) and return it in plain text, once."""
         token = token or generate_token()
         self.token_hash = hash_token(token)
+        self.plain_token = token
         return token
 
     def check_token(self, given: str | None) -> bool:
@@ -85,11 +120,26 @@ class Message(models.Model):
             models.UniqueConstraint(fields=["channel", "public_id"], name="message_id_unique"),
         ]
         indexes = [
-            # GET /channel/{c}/messages?status=…, newest first.
-            models.Index(
-                fields=["channel", "status", "-received_at"], name="message_channel_status_idx"
-            ),
+            # GET /channel/{c}/messages?status=…, newest (highest id) first, keyset-paginated.
+            models.Index(fields=["channel", "status", "-id"], name="message_channel_status_idx"),
         ]
 
     def __str__(self) -> str:
         return f"{self.channel_id}/{self.public_id}"
+
+
+class ApiKey(models.Model):
+    """An admin API key (`Authorization: Bearer <key>`), stored hashed; delete it to revoke."""
+
+    name = models.CharField(max_length=255, unique=True)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def issue(cls, name: str) -> tuple[ApiKey, str]:
+        """Create a key and return it with its plain text, which is never stored."""
+        key = generate_token()
+        return cls.objects.create(name=name, key_hash=hash_token(key)), key

@@ -42,6 +42,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "broker",
     "consumers",
     "jobs",
@@ -49,6 +52,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "broker.api.errors.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -104,6 +108,30 @@ STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 # no web server in front. Finders let a first run work before `collectstatic`.
 WHITENOISE_USE_FINDERS = True
 
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "broker.api.auth.AdminTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["broker.api.auth.IsBrokerAdmin"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.FormParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "broker.api.errors.handle_exception",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Webhook broker API",
+    "DESCRIPTION": "webhook-broker compatible REST API, with extensions. See docs/api.md.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SWAGGER_UI_DIST": "SIDECAR",  # served from this app: no CDN at run time
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -145,3 +173,5 @@ BROKER_MAX_PAYLOAD_BYTES = env_int(
     "BROKER_MAX_PAYLOAD_BYTES", DEFAULTS["BROKER_MAX_PAYLOAD_BYTES"], minimum=1
 )
 BROKER_ENCRYPTION_KEYS = env_secret_list("BROKER_ENCRYPTION_KEYS")
+# Let request bodies up to the payload limit through, so broadcast can answer 413 itself.
+DATA_UPLOAD_MAX_MEMORY_SIZE = BROKER_MAX_PAYLOAD_BYTES + 65536

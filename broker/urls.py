@@ -1,11 +1,54 @@
+"""Routes: webhook-broker's REST paths (SPEC §4), the schema and docs, health, the admin."""
+
 from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from broker import views
+from broker.api import errors
+from broker.api.broadcast import BroadcastView
+from broker.api.messages import MessageDetailView, MessageListView, MessagesStatusView
+from broker.api.stakeholders import (
+    ChannelDetailView,
+    ChannelListView,
+    ProducerDetailView,
+    ProducerListView,
+)
+from consumers.api import ConsumerDetailView, ConsumerListView
+from jobs.api.dlq import DeadLetterQueueView
+from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
+from jobs.api.summaries import DlqStatusView, JobStatusView
+
+CONSUMER = "channel/<str:channel_id>/consumer/<str:consumer_id>"
 
 urlpatterns = [
     path("_status", views.status, name="status"),
+    path("producers", ProducerListView.as_view()),
+    path("producer/<str:resource_id>", ProducerDetailView.as_view()),
+    path("channels", ChannelListView.as_view()),
+    path("channel/<str:resource_id>", ChannelDetailView.as_view()),
+    path("channel/<str:channel_id>/broadcast", BroadcastView.as_view()),
+    path("channel/<str:channel_id>/messages", MessageListView.as_view()),
+    path("channel/<str:channel_id>/messages-status", MessagesStatusView.as_view()),
+    path("channel/<str:channel_id>/message/<str:message_id>", MessageDetailView.as_view()),
+    path("channel/<str:channel_id>/consumers", ConsumerListView.as_view()),
+    path(CONSUMER, ConsumerDetailView.as_view()),
+    path(f"{CONSUMER}/queued-jobs", QueuedJobsView.as_view()),
+    path(f"{CONSUMER}/claim", ClaimView.as_view()),
+    path(f"{CONSUMER}/job/<str:job_id>", JobView.as_view()),
+    path(f"{CONSUMER}/job/<str:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
+    path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),
+    path("dlq-status", DlqStatusView.as_view()),
+    path("job-status", JobStatusView.as_view()),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("admin/", admin.site.urls),
 ]
+
+handler400 = errors.bad_request
+handler403 = errors.permission_denied
+handler404 = errors.not_found
+handler500 = errors.server_error

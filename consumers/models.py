@@ -5,14 +5,15 @@ from __future__ import annotations
 from django.core.validators import URLValidator
 from django.db import models
 
+from broker.conf import broker_settings
 from broker.crypto import EncryptedTextField
-from broker.models import Channel, validate_resource_id
+from broker.models import ChangeTracked, Channel, validate_resource_id
 from broker.tokens import generate_token, secrets_equal
 
 validate_callback_url = URLValidator(schemes=["http", "https"])
 
 
-class Consumer(models.Model):
+class Consumer(ChangeTracked):
     class Type(models.TextChoices):
         PUSH = "push"
         PULL = "pull"
@@ -37,8 +38,8 @@ class Consumer(models.Model):
     retry_delays = models.JSONField(null=True, blank=True)
     non_retryable_statuses = models.JSONField(default=list, blank=True)
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    changed_at = models.DateTimeField(auto_now=True)
+    # The token as just set through set_token, so the response that set it can show it.
+    plain_token: str | None = None
 
     class Meta:
         constraints = [
@@ -47,6 +48,27 @@ class Consumer(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel_id}/{self.public_id}"
+
+    @property
+    def retry_delays_in_effect(self) -> list[int]:
+        if self.retry_delays is not None:
+            return list(self.retry_delays)
+        return list(broker_settings.BROKER_RETRY_DELAYS)
+
+    @property
+    def max_attempts(self) -> int:
+        """One first attempt plus one per retry delay."""
+        return len(self.retry_delays_in_effect) + 1
+
+    @property
+    def is_pull(self) -> bool:
+        return self.type == Consumer.Type.PULL
+
+    def set_token(self, token: str | None = None) -> str:
+        """Store a token (a new random one when None) and return it in plain text."""
+        token = token or generate_token()
+        self.token = self.plain_token = token
+        return token
 
     def check_token(self, given: str | None) -> bool:
         return secrets_equal(given, self.token)

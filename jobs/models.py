@@ -148,6 +148,12 @@ class Job(models.Model):
         self.refresh_from_db()
 
 
+def delete_jobs(jobs: models.QuerySet[Job]) -> int:
+    """Delete jobs with their attempts; return how many jobs (not rows) went."""
+    _, per_model = jobs.delete()
+    return per_model.get(Job._meta.label, 0)
+
+
 class DeliveryAttempt(models.Model):
     """One push attempt: what was sent when, and what came back."""
 

@@ -1,0 +1,115 @@
+"""One error shape for the whole API: `{"Error": "<message>"}` with a 4xx/5xx status.
+
+Views raise `ApiError` (or a DRF exception); domain errors (publishing, state machine) are mapped
+here, in one place. A database that does not answer gives 503, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import InterfaceError, OperationalError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from broker import publishing
+from jobs.states import ForbiddenTransition
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(exceptions.APIException):
+    """An error answered as `{"Error": message}` with the given status code."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+DOMAIN_ERRORS: dict[type[Exception], int] = {
+    publishing.UnknownChannel: status.HTTP_404_NOT_FOUND,
+    publishing.UnknownProducer: status.HTTP_401_UNAUTHORIZED,
+    publishing.DuplicateMessage: status.HTTP_409_CONFLICT,
+    publishing.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    publishing.InvalidMessage: status.HTTP_400_BAD_REQUEST,
+    ForbiddenTransition: status.HTTP_400_BAD_REQUEST,
+}
+
+
+def error_response(status_code: int, message: str) -> JsonResponse:
+    return JsonResponse({"Error": message}, status=status_code)
+
+
+def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's EXCEPTION_HANDLER: every expected failure becomes a clean JSON error."""
+    if isinstance(exc, Http404):
+        return _response(status.HTTP_404_NOT_FOUND, "Request resource not found.")
+    if isinstance(exc, PermissionDenied):
+        return _response(status.HTTP_403_FORBIDDEN, str(exc) or "Permission denied.")
+    for error_type, status_code in DOMAIN_ERRORS.items():
+        if isinstance(exc, error_type):
+            return _response(status_code, str(exc))
+    if isinstance(exc, exceptions.APIException):
+        response = _response(exc.status_code, _message(exc.detail))
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            response["WWW-Authenticate"] = auth_header
+        return response
+    return None  # unexpected: DatabaseUnavailableMiddleware or Django's 500 handling
+
+
+def _response(status_code: int, message: str) -> Response:
+    return Response({"Error": message}, status=status_code)
+
+
+def _message(detail: Any) -> str:
+    """Flatten DRF's nested error details into one readable sentence."""
+    if isinstance(detail, dict):
+        return "; ".join(f"{key}: {_message(value)}" for key, value in detail.items())
+    if isinstance(detail, list):
+        return " ".join(_message(item) for item in detail)
+    return str(detail)
+
+
+class DatabaseUnavailableMiddleware:
+    """Answer 503 with a JSON error, not a traceback, while the database is unreachable."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        try:
+            return self.get_response(request)
+        except (OperationalError, InterfaceError) as exc:
+            return self._unavailable(exc)
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        if isinstance(exc, (OperationalError, InterfaceError)):
+            return self._unavailable(exc)
+        return None
+
+    def _unavailable(self, exc: Exception) -> HttpResponse:
+        logger.warning("database unavailable: %s", type(exc).__name__)
+        response = error_response(503, "The database is unavailable; retry shortly.")
+        response["Retry-After"] = "5"
+        return response
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return error_response(404, "Request resource not found.")
+
+
+def server_error(request: HttpRequest) -> JsonResponse:
+    return error_response(500, "Internal error; it has been logged.")
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return error_response(400, "Bad request.")
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return error_response(403, "Permission denied.")

@@ -1,0 +1,72 @@
+"""JSON shapes shared by the API (webhook-broker's PascalCase field names, SPEC §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from rest_framework import serializers, status
+from rest_framework.request import Request
+
+from broker.api.errors import ApiError
+from broker.models import validate_resource_id
+
+FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    Error = serializers.CharField()
+
+
+class PagesSerializer(serializers.Serializer[Any]):
+    next = serializers.CharField(required=False)
+    previous = serializers.CharField(required=False)
+
+
+class ListResultSerializer(serializers.Serializer[Any]):
+    Result = serializers.ListField(child=serializers.CharField(), help_text="resource URLs")
+    Pages = PagesSerializer()
+
+
+class StakeholderSerializer(serializers.Serializer[Any]):
+    """A producer, channel or consumer: webhook-broker's MsgStakeholder fields."""
+
+    ID = serializers.CharField(source="public_id")
+    Name = serializers.CharField(source="name")
+    # Present only in the response of the PUT that set the token: tokens are not readable later.
+    Token = serializers.CharField(source="plain_token", required=False)
+    ChangedAt = serializers.DateTimeField(source="changed_at")
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = dict(super().to_representation(instance))
+        if data.get("Token") is None:
+            del data["Token"]
+        return data
+
+
+class StakeholderForm(serializers.Serializer[Any]):
+    """PUT form fields. On update an omitted field keeps its value (see docs/api.md)."""
+
+    name = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    token = serializers.CharField(required=False, allow_blank=True, max_length=255)
+
+
+def validate_path_id(value: str, what: str) -> str:
+    try:
+        validate_resource_id(value)
+    except ValidationError:
+        raise ApiError(
+            status.HTTP_400_BAD_REQUEST, f"Invalid {what} ID: use 1 to 255 letters, digits, _ or -."
+        ) from None
+    return value
+
+
+def read_form(request: Request, form_class: type[serializers.Serializer[Any]]) -> dict[str, Any]:
+    """The validated form of a management write; 415 unless the body is form-encoded."""
+    if request.content_type.split(";")[0].strip().lower() != FORM_MEDIA_TYPE:
+        raise ApiError(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, f"Send the fields as {FORM_MEDIA_TYPE}."
+        )
+    form = form_class(data=request.data)
+    form.is_valid(raise_exception=True)
+    return dict(form.validated_data)

@@ -1,0 +1,112 @@
+"""Producers and channels: paginated lists, read, create-or-update (SPEC §4)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.api.conditional import require_unmodified_since, with_last_modified
+from broker.api.pagination import paginate
+from broker.api.serializers import (
+    ListResultSerializer,
+    StakeholderForm,
+    StakeholderSerializer,
+    read_form,
+    validate_path_id,
+)
+from broker.models import Channel, Producer
+
+
+class ChannelSerializer(StakeholderSerializer):
+    ConsumersURL = serializers.SerializerMethodField()
+    MessagesURL = serializers.SerializerMethodField()
+    BroadcastURL = serializers.SerializerMethodField()
+    MessagesStatusURL = serializers.SerializerMethodField()
+
+    def get_ConsumersURL(self, channel: Channel) -> str:  # noqa: N802 (wire field name)
+        return f"/channel/{channel.pk}/consumers"
+
+    def get_MessagesURL(self, channel: Channel) -> str:  # noqa: N802
+        return f"/channel/{channel.pk}/messages"
+
+    def get_BroadcastURL(self, channel: Channel) -> str:  # noqa: N802
+        return f"/channel/{channel.pk}/broadcast"
+
+    def get_MessagesStatusURL(self, channel: Channel) -> str:  # noqa: N802
+        return f"/channel/{channel.pk}/messages-status"
+
+
+class StakeholderListView(APIView):
+    model: ClassVar[type[Producer] | type[Channel]]
+    path: ClassVar[str]
+
+    @extend_schema(responses={200: ListResultSerializer})
+    def get(self, request: Request) -> Response:
+        items, pages = paginate(request, self.model.objects.all())
+        return Response({"Result": [f"/{self.path}/{item.pk}" for item in items], "Pages": pages})
+
+
+class StakeholderDetailView(APIView):
+    model: ClassVar[type[Producer] | type[Channel]]
+    serializer_class: ClassVar[type[StakeholderSerializer]] = StakeholderSerializer
+
+    def get(self, request: Request, resource_id: str) -> Response:
+        resource = get_object_or_404(self.model, pk=resource_id)
+        return with_last_modified(
+            Response(self.serializer_class(resource).data), resource.changed_at
+        )
+
+    @extend_schema(request=StakeholderForm)
+    def put(self, request: Request, resource_id: str) -> Response:
+        validate_path_id(resource_id, self.model.__name__.lower())
+        form = read_form(request, StakeholderForm)
+        with transaction.atomic():
+            resource = self.model.objects.select_for_update().filter(pk=resource_id).first()
+            if resource is None:
+                resource = self.model(id=resource_id)
+            else:
+                require_unmodified_since(request, resource.changed_at)
+            apply_stakeholder_form(resource, form, default_name=resource_id)
+            resource.save()
+        return with_last_modified(
+            Response(self.serializer_class(resource).data), resource.changed_at
+        )
+
+
+def apply_stakeholder_form(resource: Any, form: dict[str, str], *, default_name: str) -> None:
+    """Set name and token from a PUT form (the response shows a token that was set).
+
+    Creating without a token generates one; updating without a token keeps the current one, so a
+    rename cannot silently invalidate every client's credentials.
+    """
+    creating = resource._state.adding
+    if "name" in form or creating:
+        resource.name = form.get("name") or default_name
+    if form.get("token") or creating:
+        resource.set_token(form.get("token") or None)
+
+
+class ProducerListView(StakeholderListView):
+    model = Producer
+    path = "producer"
+
+
+class ProducerDetailView(StakeholderDetailView):
+    model = Producer
+
+
+class ChannelListView(StakeholderListView):
+    model = Channel
+    path = "channel"
+
+
+class ChannelDetailView(StakeholderDetailView):
+    model = Channel
+    serializer_class = ChannelSerializer

@@ -1,0 +1,25 @@
+"""Checks of the resources' own tokens (broadcast, pull and DLQ endpoints, SPEC §4).
+
+A missing token is 401, a wrong one 403; every comparison is constant-time.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rest_framework import status
+from rest_framework.request import Request
+
+from broker.api.errors import ApiError
+
+
+class HasToken(Protocol):
+    def check_token(self, given: str | None) -> bool: ...
+
+
+def require_token(request: Request, header: str, resource: HasToken, what: str) -> None:
+    given = request.headers.get(header)
+    if not given:
+        raise ApiError(status.HTTP_401_UNAUTHORIZED, f"Missing {header}.")
+    if not resource.check_token(given):
+        raise ApiError(status.HTTP_403_FORBIDDEN, f"{what} token does not match.")

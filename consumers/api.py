@@ -1,0 +1,157 @@
+"""Consumer management: list, read, create-or-update, delete (SPEC §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.api.conditional import require_unmodified_since, with_last_modified
+from broker.api.pagination import paginate
+from broker.api.serializers import (
+    ListResultSerializer,
+    StakeholderForm,
+    StakeholderSerializer,
+    read_form,
+    validate_path_id,
+)
+from broker.api.stakeholders import apply_stakeholder_form
+from broker.models import Channel
+from consumers.models import Consumer, validate_callback_url
+
+MAX_RETRIES = 50
+
+
+def consumer_url(consumer: Consumer) -> str:
+    return f"/channel/{consumer.channel_id}/consumer/{consumer.public_id}"
+
+
+class ConsumerSerializer(StakeholderSerializer):
+    CallbackURL = serializers.CharField(source="callback_url")
+    DeadLetterQueueURL = serializers.SerializerMethodField()
+    Type = serializers.CharField(source="type")
+    # Extensions (SPEC §4); webhook-broker clients ignore unknown fields.
+    Paused = serializers.BooleanField(source="paused")
+    Ordering = serializers.CharField(source="ordering")
+    RetryDelays = serializers.ListField(
+        source="retry_delays", child=serializers.IntegerField(), allow_null=True
+    )
+    NonRetryableStatuses = serializers.ListField(
+        source="non_retryable_statuses", child=serializers.IntegerField()
+    )
+    MaxInFlight = serializers.IntegerField(source="max_in_flight", allow_null=True)
+
+    def get_DeadLetterQueueURL(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
+        return f"{consumer_url(consumer)}/dlq"
+
+
+def _int_list(value: str, *, low: int, high: int, what: str) -> list[int]:
+    try:
+        numbers = [int(item) for item in value.split(",") if item.strip()]
+    except ValueError:
+        raise serializers.ValidationError(f"{what}: comma-separated integers.") from None
+    if any(not low <= number <= high for number in numbers):
+        raise serializers.ValidationError(f"{what}: each between {low} and {high}.")
+    return numbers
+
+
+class ConsumerForm(StakeholderForm):
+    callbackUrl = serializers.CharField(max_length=2048)  # noqa: N815 (wire name)
+    type = serializers.ChoiceField(choices=Consumer.Type.values, required=False, allow_blank=True)
+    ordering = serializers.ChoiceField(choices=Consumer.Ordering.values, required=False)
+    retryDelays = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    nonRetryableStatuses = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    maxInFlight = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+
+    def validate_callbackUrl(self, value: str) -> str:  # noqa: N802
+        try:
+            validate_callback_url(value)
+        except Exception:
+            raise serializers.ValidationError("must be an absolute http(s) URL.") from None
+        return value
+
+    def validate_retryDelays(self, value: str) -> list[int] | None:  # noqa: N802
+        # Blank: use the global BROKER_RETRY_DELAYS.
+        delays = _int_list(value, low=0, high=7 * 86400, what="retryDelays")
+        if len(delays) > MAX_RETRIES:
+            raise serializers.ValidationError(f"retryDelays: at most {MAX_RETRIES} entries.")
+        return delays if value.strip() else None
+
+    def validate_nonRetryableStatuses(self, value: str) -> list[int]:  # noqa: N802
+        return _int_list(value, low=100, high=599, what="nonRetryableStatuses")
+
+    def validate_maxInFlight(self, value: str) -> int | None:  # noqa: N802
+        if not value.strip():
+            return None
+        return _int_list(value, low=1, high=100000, what="maxInFlight")[0]
+
+
+FORM_TO_MODEL = {
+    "callbackUrl": "callback_url",
+    "ordering": "ordering",
+    "retryDelays": "retry_delays",
+    "nonRetryableStatuses": "non_retryable_statuses",
+    "maxInFlight": "max_in_flight",
+}
+
+
+class ConsumerListView(APIView):
+    @extend_schema(responses={200: ListResultSerializer})
+    def get(self, request: Request, channel_id: str) -> Response:
+        channel = get_object_or_404(Channel, pk=channel_id)
+        items, pages = paginate(request, Consumer.objects.filter(channel=channel))
+        return Response({"Result": [consumer_url(item) for item in items], "Pages": pages})
+
+
+class ConsumerDetailView(APIView):
+    serializer_class = ConsumerSerializer
+
+    def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+        return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
+
+    @extend_schema(request=ConsumerForm)
+    def put(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        validate_path_id(consumer_id, "consumer")
+        form = read_form(request, ConsumerForm)
+        channel = get_object_or_404(Channel, pk=channel_id)
+        with transaction.atomic():
+            consumer = (
+                Consumer.objects.select_for_update()
+                .filter(channel=channel, public_id=consumer_id)
+                .first()
+            )
+            if consumer is None:
+                consumer = Consumer(channel=channel, public_id=consumer_id)
+            else:
+                require_unmodified_since(request, consumer.changed_at)
+            self._apply(consumer, form)
+            consumer.save()
+        return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        with transaction.atomic():
+            consumer = get_object_or_404(
+                Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
+            )
+            require_unmodified_since(request, consumer.changed_at)
+            # Its jobs (queued, in flight, dead) and their attempts go with it: there is nobody
+            # left to deliver them to. The messages stay for the channel's other consumers.
+            consumer.delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @staticmethod
+    def _apply(consumer: Consumer, form: dict[str, Any]) -> None:
+        apply_stakeholder_form(consumer, form, default_name=consumer.public_id)
+        if form.get("type") or consumer._state.adding:
+            consumer.type = form.get("type") or Consumer.Type.PUSH
+        for field, attribute in FORM_TO_MODEL.items():
+            if field in form:
+                setattr(consumer, attribute, form[field])

@@ -1,0 +1,1 @@
+"""Pull consumers, dead-letter queues and job summaries (SPEC §4)."""

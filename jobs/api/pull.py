@@ -1,0 +1,186 @@
+"""Pull consumers drive their jobs' state machine over REST (SPEC §4, webhook-broker's pull API)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.api.errors import ApiError
+from broker.conf import broker_settings
+from jobs.api.access import authorized_consumer, consumer_job
+from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
+from jobs.leases import claim_for_pull, sweep_expired_leases
+from jobs.models import Job, delete_jobs
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, TransitionConflict
+
+DEFAULT_LIMIT, MAX_LIMIT = 25, 100
+MAX_INCREMENTAL_TIMEOUT = 86400
+MAX_WAIT_SECONDS = 30
+POLL_INTERVAL_SECONDS = 0.2
+TOKEN_HEADERS = [
+    OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),
+    OpenApiParameter("X-Broker-Consumer-Token", str, OpenApiParameter.HEADER, required=True),
+]
+
+
+class TokenView(APIView):
+    """Guarded by the channel and consumer tokens instead of admin authentication."""
+
+    authentication_classes = []
+    permission_classes = []
+
+
+def _bounded_int(raw: Any, name: str, default: int, high: int) -> int:
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, f"{name} must be an integer.") from None
+    if value < 0:
+        raise ApiError(status.HTTP_400_BAD_REQUEST, f"{name} must not be negative.")
+    return min(value, high)
+
+
+class QueuedJobsView(TokenView):
+    @extend_schema(
+        parameters=[
+            *TOKEN_HEADERS,
+            OpenApiParameter("limit", int, description="default 25, max 100"),
+        ],
+        responses={200: QueuedJobsSerializer},
+    )
+    def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        limit = _bounded_int(request.query_params.get("limit"), "limit", DEFAULT_LIMIT, MAX_LIMIT)
+        sweep_expired_leases()
+        jobs = (
+            Job.objects.filter(consumer=consumer, status=QUEUED)
+            .select_related("message")
+            .order_by("-priority", "pk")[:limit]
+        )
+        return Response(QueuedJobsSerializer({"Result": list(jobs)}).data)
+
+
+class ClaimForm(serializers.Serializer[Any]):
+    limit = serializers.IntegerField(required=False, min_value=0, max_value=MAX_LIMIT)
+    timeout = serializers.IntegerField(required=False, min_value=1, max_value=86400)
+    wait = serializers.FloatField(required=False, min_value=0, max_value=MAX_WAIT_SECONDS)
+
+
+class ClaimView(TokenView):
+    parser_classes = [FormParser, JSONParser]
+
+    @extend_schema(
+        parameters=TOKEN_HEADERS, request=ClaimForm, responses={200: QueuedJobsSerializer}
+    )
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        """Atomically take up to `limit` queued jobs (INFLIGHT under a lease of `timeout` s)."""
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        form = ClaimForm(data=request.data)
+        form.is_valid(raise_exception=True)
+        limit = form.validated_data.get("limit", DEFAULT_LIMIT)
+        lease = form.validated_data.get(
+            "timeout",
+            broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
+            + broker_settings.BROKER_RATIONAL_DELAY_SECONDS,
+        )
+        deadline = time.monotonic() + form.validated_data.get("wait", 0)
+        sweep_expired_leases()
+        jobs = claim_for_pull(consumer, limit, lease) if limit else []
+        # Long poll: hold the request until jobs arrive or `wait` runs out.
+        while limit and not jobs and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_SECONDS)
+            jobs = claim_for_pull(consumer, limit, lease)
+        return Response(QueuedJobsSerializer({"Result": jobs}).data)
+
+
+class TransitionRequest(serializers.Serializer[Any]):
+    NextState = serializers.ChoiceField(choices=[INFLIGHT, DELIVERED, DEAD])
+    IncrementalTimeout = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_INCREMENTAL_TIMEOUT
+    )
+
+
+class JobView(TokenView):
+    @extend_schema(parameters=TOKEN_HEADERS, responses={200: JobLinksSerializer})
+    def get(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        return Response(JobLinksSerializer(consumer_job(consumer, job_id)).data)
+
+    @extend_schema(
+        parameters=TOKEN_HEADERS,
+        request=TransitionRequest,
+        responses={202: OpenApiResponse(description="moved, or already in that state")},
+    )
+    def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        job = consumer_job(consumer, job_id)
+        target, timeout = _transition_request(request)
+        if timeout and (target != INFLIGHT or job.status == INFLIGHT):
+            raise ApiError(
+                status.HTTP_400_BAD_REQUEST,
+                "IncrementalTimeout is only allowed when moving a job to INFLIGHT.",
+            )
+        if job.status != target:
+            _move(job, target, timeout)
+        return Response(status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(parameters=TOKEN_HEADERS, responses={204: None})
+    def delete(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        """Delete one dead job (any consumer type)."""
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=False)
+        job = consumer_job(consumer, job_id)
+        if not delete_jobs(Job.objects.filter(pk=job.pk, status=DEAD)):
+            raise ApiError(status.HTTP_404_NOT_FOUND, "No dead job with that ID.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _transition_request(request: Request) -> tuple[str, int]:
+    """NextState and IncrementalTimeout from the JSON body; key case is ignored, as in Go."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be JSON.") from None
+    if not isinstance(body, dict):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be a JSON object.")
+    canonical = {"nextstate": "NextState", "incrementaltimeout": "IncrementalTimeout"}
+    form = TransitionRequest(
+        data={canonical.get(key.lower(), key): value for key, value in body.items()}
+    )
+    if not form.is_valid():
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.")
+    return form.validated_data["NextState"], form.validated_data.get("IncrementalTimeout", 0)
+
+
+def _move(job: Job, target: str, timeout: int) -> None:
+    try:
+        if target == INFLIGHT:
+            job.start(incremental_timeout=timeout)
+        elif target == DELIVERED:
+            job.mark_delivered()
+        else:
+            job.mark_dead("reported failed by the pull consumer")
+    except TransitionConflict:
+        # Someone else moved it first; fine if it ended where this caller wanted it.
+        job.refresh_from_db(fields=["status"])
+        if job.status != target:
+            raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.") from None
+
+
+class RequeueDeadJobView(TokenView):
+    @extend_schema(parameters=TOKEN_HEADERS, request=None, responses={202: None})
+    def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=False)
+        job = consumer_job(consumer, job_id)
+        if not Job.objects.filter(pk=job.pk).requeue_dead():
+            raise ApiError(status.HTTP_400_BAD_REQUEST, "The job is not DEAD.")
+        return Response(status=status.HTTP_202_ACCEPTED)
