@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.validators import RegexValidator
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from broker.tokens import generate_token, hash_token, token_matches
@@ -142,4 +142,5 @@ class ApiKey(models.Model):
     def issue(cls, name: str) -> tuple[ApiKey, str]:
         """Create a key and return it with its plain text, which is never stored."""
         key = generate_token()
-        return cls.objects.create(name=name, key_hash=hash_token(key)), key
+        with transaction.atomic():  # a duplicate name must not break the caller's transaction
+            return cls.objects.create(name=name, key_hash=hash_token(key)), key
