@@ -51,3 +51,17 @@ def make_job(status: JobStatus = JobStatus.QUEUED, *, attempts: int = 0) -> Job:
         received_at=timezone.now(),
     )
     return Job.objects.create(message=message, consumer=consumer, status=status, attempts=attempts)
+
+
+def make_consumer_with_token(
+    channel: Channel,
+    consumer_id: str = "worker",
+    *,
+    token: str = "consumer-token",
+    type: str = Consumer.Type.PULL,
+) -> Consumer:
+    """A consumer (pull by default) whose token is known, for the token-guarded endpoints."""
+    consumer = make_consumer(channel, consumer_id, type=type)
+    consumer.set_token(token)
+    consumer.save()
+    return consumer

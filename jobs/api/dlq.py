@@ -72,5 +72,7 @@ class DeadLetterQueueView(APIView):
 
     @extend_schema(parameters=TOKEN_HEADERS, responses={200: DeletedSerializer})
     def delete(self, request: Request, channel_id: str, consumer_id: str) -> Response:
-        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=False)
+        consumer = authorized_consumer(
+            request, channel_id, consumer_id, pull_only=False, unknown_consumer_status=404
+        )
         return Response({"deletedCount": delete_jobs(consumer.jobs.filter(status=DEAD))})

@@ -104,7 +104,8 @@ class ClaimView(TokenView):
 
 
 class TransitionRequest(serializers.Serializer[Any]):
-    NextState = serializers.ChoiceField(choices=[INFLIGHT, DELIVERED, DEAD])
+    # QUEUED is accepted only as the job's current state (202, as in webhook-broker).
+    NextState = serializers.ChoiceField(choices=[QUEUED, INFLIGHT, DELIVERED, DEAD])
     IncrementalTimeout = serializers.IntegerField(
         required=False, min_value=0, max_value=MAX_INCREMENTAL_TIMEOUT
     )
@@ -137,7 +138,9 @@ class JobView(TokenView):
     @extend_schema(parameters=TOKEN_HEADERS, responses={204: None})
     def delete(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         """Delete one dead job (any consumer type)."""
-        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=False)
+        consumer = authorized_consumer(
+            request, channel_id, consumer_id, pull_only=False, unknown_consumer_status=404
+        )
         job = consumer_job(consumer, job_id)
         if not delete_jobs(Job.objects.filter(pk=job.pk, status=DEAD)):
             raise ApiError(status.HTTP_404_NOT_FOUND, "No dead job with that ID.")
@@ -167,8 +170,10 @@ def _move(job: Job, target: str, timeout: int) -> None:
             job.start(incremental_timeout=timeout)
         elif target == DELIVERED:
             job.mark_delivered()
-        else:
+        elif target == DEAD:
             job.mark_dead("reported failed by the pull consumer")
+        else:
+            raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.")
     except TransitionConflict:
         # Someone else moved it first; fine if it ended where this caller wanted it.
         job.refresh_from_db(fields=["status"])
