@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from django.db.models import Count
@@ -15,44 +14,13 @@ from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
 from broker.api.pagination import paginate
-from broker.api.serializers import ListResultSerializer
+from broker.api.serializers import ListResultSerializer, PayloadFieldsMixin
 from broker.models import Channel, Message
+from jobs.api.serializers import JobSummarySerializer
 
 # webhook-broker's numeric message statuses, accepted in ?status= alongside the names.
 STATUS_CODES = {"101": Message.Status.ACKNOWLEDGED, "102": Message.Status.DISPATCHED}
 STATUS_NUMBERS = {name: number for number, name in STATUS_CODES.items()}
-
-
-def encode_payload(payload: bytes | memoryview) -> tuple[str, str]:
-    """The payload for JSON: its text when it is UTF-8, else base64; and which of the two."""
-    raw = bytes(payload)
-    try:
-        return raw.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return base64.b64encode(raw).decode(), "base64"
-
-
-class PayloadFieldsMixin(serializers.Serializer[Any]):
-    """`Payload` and `PayloadEncoding` ("utf-8" or "base64"): binary payloads survive JSON."""
-
-    Payload = serializers.SerializerMethodField()
-    PayloadEncoding = serializers.SerializerMethodField()
-
-    def get_Payload(self, message: Message) -> str:  # noqa: N802 (wire name)
-        return encode_payload(message.payload)[0]
-
-    def get_PayloadEncoding(self, message: Message) -> str:  # noqa: N802
-        return encode_payload(message.payload)[1]
-
-
-class MessageJobSerializer(serializers.Serializer[Any]):
-    ID = serializers.CharField(source="public_id")
-    ListenerEndpoint = serializers.CharField(source="consumer.callback_url")
-    ListenerName = serializers.CharField(source="consumer.public_id")
-    Status = serializers.CharField(source="status")
-    StatusChangedAt = serializers.DateTimeField(source="status_changed_at")
-    Attempts = serializers.IntegerField(source="attempts")
-    LastError = serializers.CharField(source="last_error")
 
 
 class MessageSerializer(PayloadFieldsMixin):
@@ -65,7 +33,7 @@ class MessageSerializer(PayloadFieldsMixin):
     DispatchedAt = serializers.DateTimeField(source="dispatched_at", allow_null=True)
     Status = serializers.CharField(source="status")
     Headers = serializers.DictField(source="headers", child=serializers.CharField())
-    Jobs = MessageJobSerializer(source="jobs.all", many=True)
+    Jobs = JobSummarySerializer(source="jobs.all", many=True)
 
 
 class MessageDetailView(APIView):

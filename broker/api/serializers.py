@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -70,3 +71,25 @@ def read_form(request: Request, form_class: type[serializers.Serializer[Any]]) -
     form = form_class(data=request.data)
     form.is_valid(raise_exception=True)
     return dict(form.validated_data)
+
+
+def encode_payload(payload: bytes | memoryview) -> tuple[str, str]:
+    """The payload for JSON: its text when it is UTF-8, else base64; and which of the two."""
+    raw = bytes(payload)
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode(), "base64"
+
+
+class PayloadFieldsMixin(serializers.Serializer[Any]):
+    """`Payload` and `PayloadEncoding` ("utf-8" or "base64"): binary payloads survive JSON."""
+
+    Payload = serializers.SerializerMethodField()
+    PayloadEncoding = serializers.SerializerMethodField()
+
+    def get_Payload(self, message: Any) -> str:  # noqa: N802 (wire name)
+        return encode_payload(message.payload)[0]
+
+    def get_PayloadEncoding(self, message: Any) -> str:  # noqa: N802
+        return encode_payload(message.payload)[1]

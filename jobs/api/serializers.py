@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from broker.api.messages import PayloadFieldsMixin
+from broker.api.serializers import PayloadFieldsMixin
 from jobs.models import Job
 
 
@@ -32,17 +32,22 @@ class QueuedJobsSerializer(serializers.Serializer[Any]):
     Result = QueuedJobSerializer(many=True)
 
 
-class JobLinksSerializer(serializers.Serializer[Any]):
-    """A job as webhook-broker's HyperlinkedDeliveryJobModel, plus extensions."""
+class JobSummarySerializer(serializers.Serializer[Any]):
+    """A job as listed with its message: webhook-broker's fields plus extensions."""
 
     ID = serializers.CharField(source="public_id")
     ListenerEndpoint = serializers.CharField(source="consumer.callback_url")
     ListenerName = serializers.CharField(source="consumer.public_id")
     Status = serializers.CharField(source="status")
     StatusChangedAt = serializers.DateTimeField(source="status_changed_at")
-    Priority = serializers.IntegerField(source="priority")
     Attempts = serializers.IntegerField(source="attempts")
     LastError = serializers.CharField(source="last_error")
+
+
+class JobLinksSerializer(JobSummarySerializer):
+    """A job as webhook-broker's HyperlinkedDeliveryJobModel, plus extensions."""
+
+    Priority = serializers.IntegerField(source="priority")
     LeaseExpiresAt = serializers.DateTimeField(source="lease_expires_at", allow_null=True)
     MessageURL = serializers.SerializerMethodField()
     ChannelURL = serializers.SerializerMethodField()
