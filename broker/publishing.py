@@ -11,17 +11,18 @@ import json
 import re
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from broker.conf import broker_settings
 from broker.models import Channel, Message, Producer, validate_message_id
 from consumers.models import Consumer
 from jobs.models import Job
+from jobs.states import QUEUED
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HEADERS = 50
@@ -75,55 +76,114 @@ def publish(
     body, content_type = _encode_payload(payload, content_type)
     message_id = message_id if message_id is not None else uuid.uuid4().hex
     _validate(message_id, priority, dict(headers or {}))
-    channel = _resolve(Channel, channel, UnknownChannel)
-    producer = _resolve(Producer, producer, UnknownProducer)
-    now = timezone.now()
     message = Message(
-        channel=channel,
-        producer=producer,
+        channel_id=channel.pk if isinstance(channel, Channel) else channel,
+        producer_id=producer.pk if isinstance(producer, Producer) else producer,
         public_id=message_id,
         payload=body,
         content_type=content_type,
         priority=priority,
         headers=dict(headers or {}),
-        received_at=now,
+        received_at=timezone.now(),
     )
+    insert = _insert_postgres if connection.vendor == "postgresql" else _insert_portable
     try:
-        # The message insert is the block's first write: a duplicate ID fails before anything
-        # else happened, and rolling the block back (a savepoint inside a caller's transaction)
-        # leaves the caller's own work intact.
-        with transaction.atomic():
-            _insert_with_jobs(message, now)
+        insert(message)
     except IntegrityError:
-        if Message.objects.filter(channel=channel, public_id=message_id).exists():
+        if Message.objects.filter(channel_id=message.channel_id, public_id=message_id).exists():
             raise DuplicateMessage(
-                f"Channel {channel.pk!r} already has a message with ID {message_id!r}."
+                f"Channel {message.channel_id!r} already has a message with ID {message_id!r}."
             ) from None
         raise
     return message
 
 
-def _insert_with_jobs(message: Message, now: datetime) -> None:
+# The message and one job per consumer of the channel, in one statement: atomic by itself, one
+# round trip (a broadcast went from 8 round trips to 3 with it), and the consumers are read in
+# the same snapshot as the insert. The channel and producer are checked in it too.
+# Table names come from model metadata; every value is a parameter.
+_PUBLISH_SQL = f"""
+WITH channel AS (
+    SELECT id FROM {Channel._meta.db_table} WHERE id = %(channel)s
+), producer AS (
+    SELECT id FROM {Producer._meta.db_table} WHERE id = %(producer)s
+), consumers AS (
+    SELECT consumer.id FROM {Consumer._meta.db_table} consumer
+    JOIN channel ON consumer.channel_id = channel.id
+), message AS (
+    INSERT INTO {Message._meta.db_table} (channel_id, producer_id, public_id, payload,
+        content_type, priority, headers, status, received_at, dispatched_at)
+    SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(content_type)s, %(priority)s,
+        %(headers)s::jsonb,
+        CASE WHEN EXISTS (SELECT FROM consumers) THEN %(dispatched)s ELSE %(acknowledged)s END,
+        %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END
+    FROM channel, producer
+    RETURNING id, status, dispatched_at
+), jobs AS (
+    INSERT INTO {Job._meta.db_table} (message_id, consumer_id, status, priority, attempts,
+        next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
+    SELECT message.id, consumers.id, %(queued)s, %(priority)s, 0, %(now)s, 0, '', %(now)s, %(now)s
+    FROM message, consumers
+)
+SELECT message.id, message.status, message.dispatched_at,
+    EXISTS (SELECT FROM channel), EXISTS (SELECT FROM producer)
+FROM (SELECT) AS one_row LEFT JOIN message ON true
+"""  # noqa: S608
+
+
+def _insert_postgres(message: Message) -> None:
+    parameters: dict[str, Any] = {
+        "channel": message.channel_id,
+        "producer": message.producer_id,
+        "public_id": message.public_id,
+        "payload": message.payload,
+        "content_type": message.content_type,
+        "priority": message.priority,
+        "headers": json.dumps(message.headers),
+        "now": message.received_at,
+        "dispatched": Message.Status.DISPATCHED.value,
+        "acknowledged": Message.Status.ACKNOWLEDGED.value,
+        "queued": QUEUED.value,
+    }
+    # Alone, the statement commits by itself; inside a caller's transaction it needs a savepoint
+    # so that a refused message (duplicate ID) leaves the caller's transaction usable.
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with savepoint, connection.cursor() as cursor:
+        cursor.execute(_PUBLISH_SQL, parameters)
+        pk, status, dispatched_at, channel_exists, producer_exists = cursor.fetchone()
+    if not channel_exists:
+        raise UnknownChannel(f"No channel with ID {message.channel_id[:300]!r}.")
+    if not producer_exists:
+        raise UnknownProducer(f"No producer with ID {message.producer_id[:300]!r}.")
+    message.pk, message.status, message.dispatched_at = pk, status, dispatched_at
+    message._state.adding = False
+
+
+def _insert_portable(message: Message) -> None:
+    """The same with the ORM, for SQLite: look-ups first, then two inserts in a transaction."""
+    message.channel = _resolve(Channel, message.channel_id, UnknownChannel)
+    message.producer = _resolve(Producer, message.producer_id, UnknownProducer)
+    # The message insert is the block's first write: a duplicate ID fails before anything else
+    # happened, and rolling the block back leaves a caller's own work intact.
     consumer_ids = list(
         Consumer.objects.filter(channel_id=message.channel_id).values_list("pk", flat=True)
     )
-    if consumer_ids:
-        message.status = Message.Status.DISPATCHED
-        message.dispatched_at = now
-    else:
-        message.status = Message.Status.ACKNOWLEDGED
-    message.save(force_insert=True)
-    Job.objects.bulk_create(
-        Job(
-            message=message,
-            consumer_id=consumer_id,
-            priority=message.priority,
-            next_attempt_at=now,
-            created_at=now,
-            status_changed_at=now,
+    now = message.received_at
+    message.status = Message.Status.DISPATCHED if consumer_ids else Message.Status.ACKNOWLEDGED
+    message.dispatched_at = now if consumer_ids else None
+    with transaction.atomic():
+        message.save(force_insert=True)
+        Job.objects.bulk_create(
+            Job(
+                message=message,
+                consumer_id=consumer_id,
+                priority=message.priority,
+                next_attempt_at=now,
+                created_at=now,
+                status_changed_at=now,
+            )
+            for consumer_id in consumer_ids
         )
-        for consumer_id in consumer_ids
-    )
 
 
 def _encode_payload(
@@ -172,10 +232,8 @@ def _validate_headers(headers: dict[str, str]) -> None:
             raise InvalidMessage(f"Metadata header {name!r} is over {MAX_HEADER_VALUE_LENGTH}.")
 
 
-def _resolve(model: type[T], instance_or_id: T | str, error: type[PublishError]) -> T:
-    if isinstance(instance_or_id, model):
-        return instance_or_id
+def _resolve(model: type[T], pk: str, error: type[PublishError]) -> T:
     try:
-        return model.objects.get(pk=instance_or_id)
+        return model.objects.get(pk=pk)
     except model.DoesNotExist:
-        raise error(f"No {model.__name__.lower()} with ID {str(instance_or_id)[:300]!r}.") from None
+        raise error(f"No {model.__name__.lower()} with ID {pk[:300]!r}.") from None

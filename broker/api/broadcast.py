@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import connection
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -12,12 +13,16 @@ from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
 from broker.api.serializers import ErrorSerializer
-from broker.api.tokens import require_token
+from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
 from broker.models import Channel, Producer
 from broker.publishing import publish
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+TOKEN_HASHES_SQL = (
+    f"SELECT (SELECT token_hash FROM {Channel._meta.db_table} WHERE id = %s),"  # noqa: S608
+    f" (SELECT token_hash FROM {Producer._meta.db_table} WHERE id = %s)"
+)
 HEADERS = [
     ("X-Broker-Channel-Token", True, "the channel's token"),
     ("X-Broker-Producer-ID", True, "the producer publishing"),
@@ -57,31 +62,39 @@ class BroadcastView(APIView):
         },
     )
     def post(self, request: Request, channel_id: str) -> Response:
-        channel = Channel.objects.filter(pk=channel_id).first()
-        if channel is None:
-            raise ApiError(status.HTTP_404_NOT_FOUND, f"No channel {channel_id!r}.")
-        require_token(request, "X-Broker-Channel-Token", channel, "Channel")
-        producer = _authenticated_producer(request)
+        producer_id = _authenticate(request, channel_id)
         message = publish(
-            channel,
+            channel_id,
             _payload(request),
-            producer=producer,
+            producer=producer_id,
             message_id=request.headers.get("X-Broker-Message-ID") or None,
             priority=_priority(request),
             headers=_metadata_headers(request),
             content_type=request.headers.get("Content-Type") or DEFAULT_CONTENT_TYPE,
         )
-        location = f"/channel/{channel.pk}/message/{message.public_id}"
+        location = f"/channel/{channel_id}/message/{message.public_id}"
         return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
 
 
-def _authenticated_producer(request: Request) -> Producer:
-    producer_id = request.headers.get("X-Broker-Producer-ID")
-    producer = Producer.objects.filter(pk=producer_id).first() if producer_id else None
-    if producer is None:
+def _authenticate(request: Request, channel_id: str) -> str:
+    """Check the channel and producer tokens; return the producer's ID."""
+    producer_id = request.headers.get("X-Broker-Producer-ID", "")
+    channel_hash, producer_hash = _token_hashes(channel_id, producer_id)
+    if channel_hash is None:
+        raise ApiError(status.HTTP_404_NOT_FOUND, f"No channel {channel_id!r}.")
+    require_token(request, "X-Broker-Channel-Token", StoredToken(channel_hash), "Channel")
+    if producer_hash is None:
         raise ApiError(status.HTTP_401_UNAUTHORIZED, "Unknown or missing X-Broker-Producer-ID.")
-    require_token(request, "X-Broker-Producer-Token", producer, "Producer")
-    return producer
+    require_token(request, "X-Broker-Producer-Token", StoredToken(producer_hash), "Producer")
+    return producer_id
+
+
+def _token_hashes(channel_id: str, producer_id: str) -> tuple[str | None, str | None]:
+    """Both stored token hashes in one round trip (broadcast is the hot path)."""
+    with connection.cursor() as cursor:
+        cursor.execute(TOKEN_HASHES_SQL, [channel_id, producer_id])
+        channel_hash, producer_hash = cursor.fetchone()
+    return channel_hash, producer_hash
 
 
 def _payload(request: Request) -> bytes:
