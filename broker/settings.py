@@ -88,6 +88,13 @@ DATABASES = {
         "CONN_HEALTH_CHECKS": True,
     }
 }
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool(
+    "DATABASE_PREPARED_STATEMENTS", True
+):
+    # Server-side binding with prepared statements: PostgreSQL plans a statement a connection
+    # repeats (publishing above all) once instead of on every request. Turn off behind a pooler
+    # in transaction mode that cannot carry prepared statements.
+    DATABASES["default"]["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -116,6 +123,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["broker.api.auth.IsBrokerAdmin"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.FormParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "broker.api.negotiation.SingleRendererFirst",
     "EXCEPTION_HANDLER": "broker.api.errors.handle_exception",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
