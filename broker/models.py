@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models, transaction
 from django.utils import timezone
@@ -15,6 +16,16 @@ from broker.tokens import generate_token, hash_token, token_matches
 validate_resource_id = RegexValidator(
     r"^[A-Za-z0-9_-]{1,255}\Z", "Use 1 to 255 letters, digits, '_' or '-'."
 )
+
+
+def is_resource_id(value: str) -> bool:
+    try:
+        validate_resource_id(value)
+    except ValidationError:
+        return False
+    return True
+
+
 # Message IDs also allow '.' and ':' (UUIDs, "order:42", "v1.2") but must not start with a dot, so
 # they can never be the path segments "." or "..".
 validate_message_id = RegexValidator(

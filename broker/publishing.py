@@ -28,7 +28,7 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HEADERS = 50
 MAX_HEADER_VALUE_LENGTH = 8192
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,255}\Z")  # an RFC 9110 token
-_UNSAFE_HEADER_VALUE = re.compile(r"[\x00\r\n]")
+_UNSAFE_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
 
 T = TypeVar("T", Channel, Producer)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from broker import views
@@ -21,24 +21,39 @@ from jobs.api.dlq import DeadLetterQueueView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
 from jobs.api.summaries import DlqStatusView, JobStatusView
 
-CONSUMER = "channel/<str:channel_id>/consumer/<str:consumer_id>"
+
+class KeyConverter:
+    """A path segment without NUL: PostgreSQL text cannot hold NUL, so such an ID is a 404."""
+
+    regex = "[^/\x00]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(KeyConverter, "key")
+
+CONSUMER = "channel/<key:channel_id>/consumer/<key:consumer_id>"
 
 urlpatterns = [
     path("_status", views.status, name="status"),
     path("producers", ProducerListView.as_view()),
-    path("producer/<str:resource_id>", ProducerDetailView.as_view()),
+    path("producer/<key:resource_id>", ProducerDetailView.as_view()),
     path("channels", ChannelListView.as_view()),
-    path("channel/<str:resource_id>", ChannelDetailView.as_view()),
-    path("channel/<str:channel_id>/broadcast", BroadcastView.as_view()),
-    path("channel/<str:channel_id>/messages", MessageListView.as_view()),
-    path("channel/<str:channel_id>/messages-status", MessagesStatusView.as_view()),
-    path("channel/<str:channel_id>/message/<str:message_id>", MessageDetailView.as_view()),
-    path("channel/<str:channel_id>/consumers", ConsumerListView.as_view()),
+    path("channel/<key:resource_id>", ChannelDetailView.as_view()),
+    path("channel/<key:channel_id>/broadcast", BroadcastView.as_view()),
+    path("channel/<key:channel_id>/messages", MessageListView.as_view()),
+    path("channel/<key:channel_id>/messages-status", MessagesStatusView.as_view()),
+    path("channel/<key:channel_id>/message/<key:message_id>", MessageDetailView.as_view()),
+    path("channel/<key:channel_id>/consumers", ConsumerListView.as_view()),
     path(CONSUMER, ConsumerDetailView.as_view()),
     path(f"{CONSUMER}/queued-jobs", QueuedJobsView.as_view()),
     path(f"{CONSUMER}/claim", ClaimView.as_view()),
-    path(f"{CONSUMER}/job/<str:job_id>", JobView.as_view()),
-    path(f"{CONSUMER}/job/<str:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
+    path(f"{CONSUMER}/job/<key:job_id>", JobView.as_view()),
+    path(f"{CONSUMER}/job/<key:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
     path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),
     path("dlq-status", DlqStatusView.as_view()),
     path("job-status", JobStatusView.as_view()),

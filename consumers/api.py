@@ -14,10 +14,12 @@ from rest_framework.views import APIView
 
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.pagination import paginate
+from broker.api.schema import IF_UNMODIFIED_SINCE
 from broker.api.serializers import (
     ListResultSerializer,
     StakeholderForm,
     StakeholderSerializer,
+    parse_int,
     read_form,
     validate_path_id,
 )
@@ -53,7 +55,7 @@ class ConsumerSerializer(StakeholderSerializer):
 
 def _int_list(value: str, *, low: int, high: int, what: str) -> list[int]:
     try:
-        numbers = [int(item) for item in value.split(",") if item.strip()]
+        numbers = [parse_int(item) for item in value.split(",") if item.strip()]
     except ValueError:
         raise serializers.ValidationError(f"{what}: comma-separated integers.") from None
     if any(not low <= number <= high for number in numbers):
@@ -89,7 +91,10 @@ class ConsumerForm(StakeholderForm):
     def validate_maxInFlight(self, value: str) -> int | None:  # noqa: N802
         if not value.strip():
             return None
-        return _int_list(value, low=1, high=100000, what="maxInFlight")[0]
+        numbers = _int_list(value, low=1, high=100000, what="maxInFlight")
+        if len(numbers) != 1:
+            raise serializers.ValidationError("maxInFlight: one integer.")
+        return numbers[0]
 
 
 FORM_TO_MODEL = {
@@ -116,7 +121,7 @@ class ConsumerDetailView(APIView):
         consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
         return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
 
-    @extend_schema(request=ConsumerForm)
+    @extend_schema(request=ConsumerForm, parameters=[IF_UNMODIFIED_SINCE])
     def put(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         validate_path_id(consumer_id, "consumer")
         form = read_form(request, ConsumerForm)
@@ -135,7 +140,7 @@ class ConsumerDetailView(APIView):
             consumer.save()
         return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={204: None}, parameters=[IF_UNMODIFIED_SINCE])
     def delete(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         with transaction.atomic():
             consumer = get_object_or_404(

@@ -144,3 +144,27 @@ def test_tokens_never_appear_in_error_responses(client):
     text = response.content.decode()
     assert "a-wrong-secret" not in text
     assert "producer-token" not in text
+
+
+@pytest.mark.parametrize(
+    ("content_type", "headers"),
+    [
+        ("text/plain", {"X-Broker-Message-Priority": "\u0661"}),  # Arabic-Indic 1: int() takes it
+        ("text/plain", {"X-Broker-Message-Priority": "1_000"}),
+        ("text/plain\x01", {}),
+    ],
+)
+def test_lookalike_numbers_and_control_characters_are_400(client, content_type, headers):
+    response = broadcast(client, b"x", content_type, **headers)
+
+    assert response.status_code == 400
+    assert not Message.objects.exists()
+
+
+def test_nul_bytes_never_reach_the_database(client):
+    in_path = client.post("/channel/a%00b/broadcast", b"x", "text/plain", headers=AUTH)
+    in_header = broadcast(client, **{"X-Broker-Producer-ID": "sh\x00op"})
+
+    assert (in_path.status_code, in_header.status_code) == (404, 401)
+    assert in_path.json()["Error"]
+    assert not Message.objects.exists()

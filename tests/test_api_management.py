@@ -292,3 +292,22 @@ def test_delete_consumer_needs_if_unmodified_since_and_takes_its_jobs(admin_clie
     assert not DeliveryAttempt.objects.exists()
     assert Job.objects.get().message == message
     assert admin_client.delete(url, headers={"If-Unmodified-Since": since}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"callbackUrl": "http://b.example/h", "maxInFlight": "1,2"},
+        {"callbackUrl": "http://b.example/h", "retryDelays": "\u0661"},
+    ],
+)
+def test_numbers_must_be_plain_ascii_integers(admin_client, form):
+    make_channel("orders")
+
+    assert put(admin_client, "/channel/orders/consumer/billing", form).status_code == 400
+    assert not Consumer.objects.exists()
+
+
+@pytest.mark.parametrize("url", ["/producer/a%00b", "/channel/%00/consumers"])
+def test_nul_bytes_in_ids_are_404(admin_client, url):
+    assert admin_client.get(url).status_code == 404

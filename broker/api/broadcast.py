@@ -12,10 +12,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
-from broker.api.serializers import ErrorSerializer
+from broker.api.serializers import ErrorSerializer, parse_int
 from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
-from broker.models import Channel, Producer
+from broker.models import Channel, Producer, is_resource_id
 from broker.publishing import publish
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -79,6 +79,8 @@ class BroadcastView(APIView):
 def _authenticate(request: Request, channel_id: str) -> str:
     """Check the channel and producer tokens; return the producer's ID."""
     producer_id = request.headers.get("X-Broker-Producer-ID", "")
+    if not is_resource_id(producer_id):
+        producer_id = ""  # malformed: unknown, and never sent to the database
     channel_hash, producer_hash = _token_hashes(channel_id, producer_id)
     if channel_hash is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, f"No channel {channel_id!r}.")
@@ -123,7 +125,7 @@ def _priority(request: Request) -> int:
     if not raw:
         return 0
     try:
-        return int(raw)
+        return parse_int(raw)
     except ValueError:
         raise ApiError(
             status.HTTP_400_BAD_REQUEST, "X-Broker-Message-Priority must be an integer."

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db import InterfaceError, OperationalError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -48,6 +48,11 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
     """DRF's EXCEPTION_HANDLER: every expected failure becomes a clean JSON error."""
     if isinstance(exc, Http404):
         return _response(status.HTTP_404_NOT_FOUND, "Request resource not found.")
+    if isinstance(exc, DataError):
+        # A value the database cannot store (a NUL byte, a number out of range) that got past
+        # validation: still the client's input, so a 400 and not a 500.
+        logger.warning("database refused a value: %s", type(exc).__name__)
+        return _response(status.HTTP_400_BAD_REQUEST, "A value in the request cannot be stored.")
     if isinstance(exc, PermissionDenied):
         return _response(status.HTTP_403_FORBIDDEN, str(exc) or "Permission denied.")
     for error_type, status_code in DOMAIN_ERRORS.items():

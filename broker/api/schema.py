@@ -5,6 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiParameter
+
+# Every operation may answer these, with the {"Error": ...} body (docs/api.md has which when).
+ERROR_STATUSES = {
+    "400": "bad input",
+    "401": "missing or unknown credentials",
+    "403": "wrong credentials",
+    "404": "unknown resource",
+    "409": "conflict (duplicate message ID)",
+    "412": "precondition failed (If-Unmodified-Since, consumer type)",
+    "413": "payload too large",
+    "415": "unsupported media type",
+    "503": "database unavailable",
+}
+
+IF_UNMODIFIED_SINCE = OpenApiParameter(
+    "If-Unmodified-Since",
+    str,
+    OpenApiParameter.HEADER,
+    description="the resource's Last-Modified; required to change an existing resource",
+)
 
 
 class AdminTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
@@ -13,3 +34,19 @@ class AdminTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyp
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {"type": "http", "scheme": "bearer", "description": "BROKER_ADMIN_TOKENS or API key"}
+
+
+def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: document the shared error shape on every operation."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault(
+        "Error",
+        {"type": "object", "properties": {"Error": {"type": "string"}}, "required": ["Error"]},
+    )
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for operations in result.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            for code, description in ERROR_STATUSES.items():
+                responses.setdefault(code, {"description": description, "content": error})
+    return result

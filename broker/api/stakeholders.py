@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.pagination import paginate
+from broker.api.schema import IF_UNMODIFIED_SINCE
 from broker.api.serializers import (
     ListResultSerializer,
     StakeholderForm,
@@ -63,7 +64,7 @@ class StakeholderDetailView(APIView):
             Response(self.serializer_class(resource).data), resource.changed_at
         )
 
-    @extend_schema(request=StakeholderForm)
+    @extend_schema(request=StakeholderForm, parameters=[IF_UNMODIFIED_SINCE])
     def put(self, request: Request, resource_id: str) -> Response:
         validate_path_id(resource_id, self.model.__name__.lower())
         form = read_form(request, StakeholderForm)

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
+from broker.api.serializers import parse_int
 from broker.conf import broker_settings
 from jobs.api.access import authorized_consumer, consumer_job
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
@@ -42,8 +43,8 @@ def _bounded_int(raw: Any, name: str, default: int, high: int) -> int:
     if raw in (None, ""):
         return default
     try:
-        value = int(raw)
-    except (TypeError, ValueError):
+        value = parse_int(str(raw))
+    except ValueError:
         raise ApiError(status.HTTP_400_BAD_REQUEST, f"{name} must be an integer.") from None
     if value < 0:
         raise ApiError(status.HTTP_400_BAD_REQUEST, f"{name} must not be negative.")
@@ -119,7 +120,7 @@ class JobView(TokenView):
 
     @extend_schema(
         parameters=TOKEN_HEADERS,
-        request=TransitionRequest,
+        request={"application/json": TransitionRequest},
         responses={202: OpenApiResponse(description="moved, or already in that state")},
     )
     def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
