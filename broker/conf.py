@@ -14,6 +14,8 @@ from django.conf import settings
 DEFAULTS: dict[str, Any] = {
     "BROKER_ADMIN_TOKENS": [],
     "BROKER_OPEN_ADMIN_API": False,
+    # /_status answers anyone (load balancer probes); false: admins only.
+    "BROKER_PUBLIC_STATUS": True,
     "BROKER_ALLOW_PRIVATE_CALLBACKS": False,
     "BROKER_DELIVERY_TIMEOUT_SECONDS": 30,
     "BROKER_RATIONAL_DELAY_SECONDS": 2,

@@ -39,7 +39,7 @@ register_converter(KeyConverter, "key")
 CONSUMER = "channel/<key:channel_id>/consumer/<key:consumer_id>"
 
 urlpatterns = [
-    path("_status", views.status, name="status"),
+    path("_status", views.StatusView.as_view(), name="status"),
     path("producers", ProducerListView.as_view()),
     path("producer/<key:resource_id>", ProducerDetailView.as_view()),
     path("channels", ChannelListView.as_view()),

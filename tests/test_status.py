@@ -55,3 +55,13 @@ def test_status_answers_503_when_the_database_is_unreachable(client):
     assert response.status_code == 503
     assert response.json()["status"] == "unavailable"
     assert response.json()["database"]["healthy"] is False
+
+
+@pytest.mark.django_db
+def test_status_can_be_restricted_to_admins(client, settings):
+    settings.BROKER_PUBLIC_STATUS = False
+    settings.BROKER_ADMIN_TOKENS = ["admin-token"]
+
+    assert client.get("/_status").status_code == 401
+    response = client.get("/_status", headers={"Authorization": "Bearer admin-token"})
+    assert response.status_code == 200

@@ -59,6 +59,15 @@ class AdminTokenAuthentication(BaseAuthentication):
         return 'Bearer realm="webhook-broker"'
 
 
+class IsAdminUnlessPublicStatus(BasePermission):
+    """Health and metrics: open to all by default (probes), admins only when configured so."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return bool(broker_settings.BROKER_PUBLIC_STATUS) or IsBrokerAdmin().has_permission(
+            request, view
+        )
+
+
 class IsBrokerAdmin(BasePermission):
     message = "Admin authentication required (Authorization: Bearer <admin token>)."
 
