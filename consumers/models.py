@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import secrets
+
 from django.core.validators import URLValidator
 from django.db import models
 
@@ -11,6 +14,11 @@ from broker.models import ChangeTracked, Channel, validate_resource_id
 from broker.tokens import generate_token, secrets_equal
 
 validate_callback_url = URLValidator(schemes=["http", "https"])
+
+
+def generate_signing_secret() -> str:
+    """A Standard Webhooks secret: "whsec_" and 32 random bytes in base64."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
 class Consumer(ChangeTracked):
@@ -38,6 +46,11 @@ class Consumer(ChangeTracked):
     retry_delays = models.JSONField(null=True, blank=True)
     non_retryable_statuses = models.JSONField(default=list, blank=True)
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    # Standard Webhooks signing secret ("whsec_" + base64). After a rotation the previous one
+    # keeps signing alongside it until previous_secret_expires_at (SPEC §6.5).
+    signing_secret = EncryptedTextField(default=generate_signing_secret)
+    previous_signing_secret = EncryptedTextField(null=True, blank=True)
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     # The token as just set through set_token, so the response that set it can show it.
     plain_token: str | None = None
 

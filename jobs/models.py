@@ -101,6 +101,16 @@ class Job(models.Model):
                 condition=Q(status=DEAD),
                 name="job_consumer_dead_idx",
             ),
+            # Per-consumer in-flight counts for the maxInFlight cap of the push claim.
+            models.Index(
+                fields=["consumer"], condition=Q(status=INFLIGHT), name="job_consumer_inflight_idx"
+            ),
+            # Push claim of one consumer's due jobs: priority desc, then due time.
+            models.Index(
+                fields=["consumer", "-priority", "next_attempt_at"],
+                condition=Q(status=QUEUED),
+                name="job_consumer_due_idx",
+            ),
             # Sweep of expired leases: INFLIGHT jobs WHERE lease_expires_at < now.
             models.Index(
                 fields=["lease_expires_at"], condition=Q(status=INFLIGHT), name="job_lease_idx"
@@ -177,3 +187,19 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_number} of job {self.job_id}"
+
+
+class DispatcherHeartbeat(models.Model):
+    """One row per running dispatcher, refreshed every few seconds (UI and /_status)."""
+
+    dispatcher_id = models.CharField(max_length=255, unique=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    last_beat_at = models.DateTimeField()
+    in_flight = models.PositiveIntegerField(default=0)
+    delivered = models.PositiveBigIntegerField(default=0)  # attempts answered 2xx since start
+    failed = models.PositiveBigIntegerField(default=0)  # attempts that failed since start
+
+    def __str__(self) -> str:
+        return self.dispatcher_id
