@@ -18,6 +18,8 @@ DEFAULTS: dict[str, Any] = {
     "BROKER_PUBLIC_STATUS": True,
     "BROKER_ALLOW_PRIVATE_CALLBACKS": False,
     "BROKER_DELIVERY_TIMEOUT_SECONDS": 30,
+    # The header that carries the consumer's token on push deliveries (as webhook-broker).
+    "BROKER_CONSUMER_TOKEN_HEADER": "X-Broker-Consumer-Token",
     "BROKER_RATIONAL_DELAY_SECONDS": 2,
     # Eight retries over about 22 hours: 30 s, 2 min, 10 min, 30 min, 1 h, 2 h, 6 h, 12 h.
     "BROKER_RETRY_DELAYS": [30, 120, 600, 1800, 3600, 7200, 21600, 43200],

@@ -126,7 +126,9 @@ WITH channel AS (
     FROM message, consumers
 )
 SELECT message.id, message.status, message.dispatched_at,
-    EXISTS (SELECT FROM channel), EXISTS (SELECT FROM producer)
+    EXISTS (SELECT FROM channel), EXISTS (SELECT FROM producer),
+    -- Wakes idle dispatchers (delivered by PostgreSQL at commit, once per transaction).
+    (SELECT pg_notify('broker_jobs', '') FROM message WHERE EXISTS (SELECT FROM consumers))
 FROM (SELECT) AS one_row LEFT JOIN message ON true
 """  # noqa: S608
 
@@ -150,7 +152,7 @@ def _insert_postgres(message: Message) -> None:
     savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
     with savepoint, connection.cursor() as cursor:
         cursor.execute(_PUBLISH_SQL, parameters)
-        pk, status, dispatched_at, channel_exists, producer_exists = cursor.fetchone()
+        pk, status, dispatched_at, channel_exists, producer_exists, _ = cursor.fetchone()
     if not channel_exists:
         raise UnknownChannel(f"No channel with ID {message.channel_id[:300]!r}.")
     if not producer_exists:

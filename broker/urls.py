@@ -16,7 +16,7 @@ from broker.api.stakeholders import (
     ProducerDetailView,
     ProducerListView,
 )
-from consumers.api import ConsumerDetailView, ConsumerListView
+from consumers.api import ConsumerDetailView, ConsumerListView, SigningSecretView
 from jobs.api.dlq import DeadLetterQueueView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
 from jobs.api.summaries import DlqStatusView, JobStatusView
@@ -55,6 +55,7 @@ urlpatterns = [
     path(f"{CONSUMER}/job/<key:job_id>", JobView.as_view()),
     path(f"{CONSUMER}/job/<key:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
     path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),
+    path(f"{CONSUMER}/secret", SigningSecretView.as_view()),
     path("dlq-status", DlqStatusView.as_view()),
     path("job-status", JobStatusView.as_view()),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -26,6 +27,7 @@ from broker.api.serializers import (
 from broker.api.stakeholders import apply_stakeholder_form
 from broker.models import Channel
 from consumers.models import Consumer, validate_callback_url
+from jobs.signing import InvalidSecret, decode_secret
 
 MAX_RETRIES = 50
 
@@ -70,6 +72,12 @@ class ConsumerForm(StakeholderForm):
     retryDelays = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     nonRetryableStatuses = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     maxInFlight = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    # Imports an existing secret (e.g. one the receiver already has); never echoed back.
+    signingSecret = serializers.CharField(  # noqa: N815
+        required=False,
+        max_length=256,
+        help_text="whsec_ + base64 of 24 to 64 bytes; replaces the current secret, no overlap",
+    )
 
     def validate_callbackUrl(self, value: str) -> str:  # noqa: N802
         try:
@@ -95,6 +103,13 @@ class ConsumerForm(StakeholderForm):
         if len(numbers) != 1:
             raise serializers.ValidationError("maxInFlight: one integer.")
         return numbers[0]
+
+    def validate_signingSecret(self, value: str) -> str:  # noqa: N802
+        try:
+            decode_secret(value)
+        except InvalidSecret as error:
+            raise serializers.ValidationError(f"signingSecret: {error}") from None
+        return value
 
 
 FORM_TO_MODEL = {
@@ -160,3 +175,52 @@ class ConsumerDetailView(APIView):
         for field, attribute in FORM_TO_MODEL.items():
             if field in form:
                 setattr(consumer, attribute, form[field])
+        if "signingSecret" in form:
+            consumer.replace_signing_secret(form["signingSecret"])
+
+
+class SigningSecretSerializer(serializers.Serializer[Any]):
+    SigningSecret = serializers.CharField(source="signing_secret", help_text="whsec_ + base64")
+    PreviousSigningSecretExpiresAt = serializers.DateTimeField(
+        source="previous_secret_expires_at",
+        required=False,
+        help_text="present while the previous secret still signs deliveries",
+    )
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = dict(super().to_representation(instance))
+        if len(instance.active_signing_secrets(timezone.now())) < 2:
+            del data["PreviousSigningSecretExpiresAt"]
+        return data
+
+
+class SigningSecretView(APIView):
+    """A consumer's Standard Webhooks signing secret (SPEC §6.5), kept out of the consumer JSON."""
+
+    @extend_schema(
+        description="The current signing secret.", responses={200: SigningSecretSerializer}
+    )
+    def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+        return _secret_response(consumer)
+
+    @extend_schema(
+        description="Rotate: a new secret signs from now on, the old one too for 24 hours.",
+        request=None,
+        responses={200: SigningSecretSerializer},
+    )
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        with transaction.atomic():
+            # Locked so that two concurrent rotations cannot both demote the same secret.
+            consumer = get_object_or_404(
+                Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
+            )
+            consumer.rotate_signing_secret(timezone.now())
+        return _secret_response(consumer)
+
+
+def _secret_response(consumer: Consumer) -> Response:
+    response = Response(SigningSecretSerializer(consumer).data)
+    # A secret must not linger in a browser or proxy cache.
+    response["Cache-Control"] = "no-store"
+    return response

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import secrets
+from datetime import datetime, timedelta
 
 from django.core.validators import URLValidator
 from django.db import models
@@ -14,6 +15,7 @@ from broker.models import ChangeTracked, Channel, validate_resource_id
 from broker.tokens import generate_token, secrets_equal
 
 validate_callback_url = URLValidator(schemes=["http", "https"])
+SIGNING_FIELDS = ["signing_secret", "previous_signing_secret", "previous_secret_expires_at"]
 
 
 def generate_signing_secret() -> str:
@@ -85,3 +87,36 @@ class Consumer(ChangeTracked):
 
     def check_token(self, given: str | None) -> bool:
         return secrets_equal(given, self.token)
+
+    def active_signing_secrets(self, now: datetime) -> list[str]:
+        """The secrets that sign deliveries at `now`: the current one, then the previous one while
+        its overlap lasts."""
+        active = [self.signing_secret]
+        expires_at = self.previous_secret_expires_at
+        if self.previous_signing_secret and expires_at is not None and now < expires_at:
+            active.append(self.previous_signing_secret)
+        return active
+
+    def rotate_signing_secret(self, now: datetime, overlap: timedelta = timedelta(hours=24)) -> str:
+        """Switch to a new random secret, save, and return it.
+
+        The old one keeps signing until now + overlap, so receivers can move to the new one
+        without rejecting deliveries in between. Only one previous secret is kept: rotating again
+        within the overlap drops the oldest.
+        """
+        new_secret = generate_signing_secret()
+        self.previous_signing_secret = self.signing_secret
+        self.previous_secret_expires_at = now + overlap
+        self.signing_secret = new_secret
+        self.save(update_fields=[*SIGNING_FIELDS, "changed_at"])
+        return new_secret
+
+    def replace_signing_secret(self, secret: str) -> None:
+        """Sign with `secret` (an imported one) from now on, without an overlap; not saved.
+
+        Whoever imports a secret has already given it to the receiver, so older secrets need not
+        sign any more. The caller saves it with the rest of its change (the consumer PUT).
+        """
+        self.signing_secret = secret
+        self.previous_signing_secret = None
+        self.previous_secret_expires_at = None

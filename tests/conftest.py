@@ -23,3 +23,13 @@ def admin_client(client, settings):
     settings.BROKER_ADMIN_TOKENS = [ADMIN_TOKEN]
     client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {ADMIN_TOKEN}"
     return client
+
+
+@pytest.fixture
+def receiver():
+    """A webhook receiver on loopback (tests/receiver.py), stopped after the test."""
+    from tests.receiver import Receiver
+
+    running = Receiver().start()
+    yield running
+    running.stop()

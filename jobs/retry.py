@@ -1,0 +1,50 @@
+"""What a delivery attempt means for its job: delivered, retried later, or dead (SPEC §5)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+from broker.conf import broker_settings
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+
+
+class Verdict(Enum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    reason: str = ""
+    due_at: datetime | None = None  # RETRY: not before this
+    pause_consumer: bool = False  # 410 Gone: the consumer asked to stop receiving
+
+
+def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
+    """Apply the consumer's retry policy to one attempt's result."""
+    if result.succeeded:
+        return Outcome(Verdict.DELIVERED)
+    if result.status_code == 410:
+        return Outcome(Verdict.DEAD, "HTTP 410 Gone: consumer paused", pause_consumer=True)
+    if result.status_code in (consumer.non_retryable_statuses or []):
+        return Outcome(Verdict.DEAD, f"HTTP {result.status_code} is not retryable")
+    delays = consumer.retry_delays_in_effect
+    if result.attempt > len(delays):
+        return Outcome(Verdict.DEAD, f"{result.error}; all {result.attempt} attempts used")
+    delay = jittered(delays[result.attempt - 1], broker_settings.BROKER_RETRY_JITTER)
+    if result.retry_after is not None:
+        delay = max(delay, result.retry_after)
+    return Outcome(Verdict.RETRY, result.error, due_at=now + timedelta(seconds=delay))
+
+
+def jittered(seconds: float, jitter: float, rng: random.Random | None = None) -> float:
+    """`seconds` ± `jitter` (a fraction), so retries of many jobs do not arrive in lockstep."""
+    if not jitter:
+        return seconds
+    return seconds * (1 + (rng or random).uniform(-jitter, jitter))  # not security

@@ -1,0 +1,51 @@
+"""Wake idle dispatchers when jobs are published (SPEC §5): LISTEN/NOTIFY on PostgreSQL.
+
+Publishing sends one NOTIFY per statement, delivered by PostgreSQL at commit. The listener needs a
+direct connection of its own (a pooler in transaction mode drops LISTEN); when it is lost the
+dispatcher keeps polling and the listener reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from django.db import connection
+
+logger = logging.getLogger(__name__)
+
+CHANNEL = "broker_jobs"
+LIBPQ_OPTIONS = {"connect_timeout", "sslmode", "sslrootcert", "sslcert", "sslkey", "options"}
+RECONNECT_SECONDS = 2.0
+
+
+def _connection_kwargs() -> dict[str, Any]:
+    settings = connection.settings_dict
+    options = {k: v for k, v in settings.get("OPTIONS", {}).items() if k in LIBPQ_OPTIONS}
+    return {
+        "dbname": settings["NAME"],
+        "user": settings["USER"] or None,
+        "password": settings["PASSWORD"] or None,
+        "host": settings["HOST"] or None,
+        "port": settings["PORT"] or None,
+        "autocommit": True,
+        "application_name": "webhook-broker dispatcher listener",
+        **options,
+    }
+
+
+async def listen_for_jobs(wake: Callable[[], None]) -> None:
+    """Call `wake` on every notification, forever (cancel the task to stop)."""
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(**_connection_kwargs()) as listener:
+                await listener.execute(f"LISTEN {CHANNEL}")
+                wake()  # jobs may have arrived while we were not listening
+                async for _ in listener.notifies():
+                    wake()
+        except psycopg.Error as exc:
+            logger.warning("LISTEN connection lost (%s); polling meanwhile", type(exc).__name__)
+            await asyncio.sleep(RECONNECT_SECONDS)

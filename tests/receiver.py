@@ -1,0 +1,72 @@
+"""A real webhook receiver on 127.0.0.1 for delivery tests: records requests, answers as told."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b"ok"
+    delay: float = 0.0  # seconds before answering
+
+
+class Receiver:
+    """Answers each path with its Reply (default 200) and keeps every request it got."""
+
+    def __init__(self) -> None:
+        self.replies: dict[str, Reply] = {}
+        self.received: list[Received] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def start(self) -> Receiver:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    def stop(self) -> None:
+        if self._runner:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def paths(self) -> list[str]:
+        return [request.path for request in self.received]
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server: Any = site._server  # the only way to learn the chosen port
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        self.received.append(Received(request.path, dict(request.headers), body))
+        reply = self.replies.get(request.path, Reply())
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        return web.Response(status=reply.status, headers=reply.headers, body=reply.body)

@@ -1,0 +1,357 @@
+"""The push dispatcher, one step at a time, against a real receiver on loopback (SPEC §5)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import aiohttp
+import pytest
+import time_machine
+from django.utils import timezone
+
+from broker import publish
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult, DeliveryRequest, deliver
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from tests.helpers import make_channel, make_consumer, make_producer
+from tests.receiver import Reply
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_jitter(settings):
+    settings.BROKER_RETRY_JITTER = 0
+    settings.BROKER_RETRY_DELAYS = [60, 600]
+    settings.BROKER_DELIVERY_TIMEOUT_SECONDS = 2
+
+
+@pytest.fixture
+def channel():
+    make_producer()
+    return make_channel()
+
+
+@pytest.fixture
+def dispatcher():
+    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
+
+
+def push_consumer(channel, receiver, name="billing", path="/hook", **fields) -> Consumer:
+    consumer = make_consumer(channel, name)
+    consumer.callback_url = receiver.url(path)
+    for field_name, value in fields.items():
+        setattr(consumer, field_name, value)
+    consumer.save()
+    return consumer
+
+
+def send(requests: list[DeliveryRequest], timeout: float = 2.0) -> list[AttemptResult]:
+    """Deliver claimed requests concurrently, as the dispatcher's loop does."""
+
+    async def all_of_them() -> list[AttemptResult]:
+        async with aiohttp.ClientSession() as session:
+            return list(await asyncio.gather(*(deliver(session, r, timeout) for r in requests)))
+
+    return asyncio.run(all_of_them())
+
+
+def run_once(dispatcher: Dispatcher, limit: int = 100) -> list[AttemptResult]:
+    results = send(dispatcher.claim(limit))
+    dispatcher.complete(results)
+    return results
+
+
+def test_a_claim_leases_jobs_and_counts_the_attempt_before_sending(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    publish(channel, b"x", producer="shop")
+
+    claimed_at = timezone.now() + timedelta(seconds=1)
+    with time_machine.travel(claimed_at, tick=False):
+        requests = dispatcher.claim(10)
+
+    job = Job.objects.get()
+    assert [r.job_id for r in requests] == [job.pk]
+    assert (job.status, job.attempts, requests[0].attempt) == (INFLIGHT, 1, 1)
+    # timeout 2 s + rational delay 2 s
+    assert job.lease_expires_at == claimed_at + timedelta(seconds=4)
+    assert dispatcher.claim(10) == []  # nothing is handed out twice
+
+
+def test_the_request_carries_every_header_of_the_spec(channel, receiver, dispatcher):
+    consumer = push_consumer(channel, receiver)
+    publish(
+        channel,
+        b'{"order": 1}',
+        producer="shop",
+        message_id="order-1",
+        priority=4,
+        headers={"X-Trace-Id": "abc"},
+        content_type="application/json",
+    )
+
+    run_once(dispatcher)
+
+    [request] = receiver.received
+    headers = request.headers
+    assert request.body == b'{"order": 1}'
+    assert headers["Content-Type"] == "application/json"
+    assert headers["X-Broker-Message-ID"] == "order-1"
+    assert headers["X-Broker-Message-Priority"] == "4"
+    assert headers["X-Broker-Channel-ID"] == "orders"
+    assert headers["X-Broker-Consumer-ID"] == "billing"
+    assert headers["X-Broker-Consumer-Token"] == consumer.token
+    assert len(headers["X-Request-ID"]) == 32
+    assert headers["User-Agent"].startswith("webhook-broker-django/")
+    assert headers["X-Trace-Id"] == "abc"
+    assert headers["X-Broker-Metadata-Headers"] == "X-Trace-Id"
+    assert headers["webhook-id"] == "order-1"
+    assert headers["webhook-signature"].startswith("v1,")
+
+
+def test_signatures_verify_with_the_reference_library(channel, receiver, dispatcher):
+    from standardwebhooks import Webhook
+
+    consumer = push_consumer(channel, receiver)
+    publish(channel, b'{"order": 1}', producer="shop")
+
+    run_once(dispatcher)
+
+    [request] = receiver.received
+    Webhook(consumer.signing_secret).verify(request.body, request.headers)
+
+
+def test_a_2xx_delivers_and_records_the_attempt(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(202, body=b"accepted")
+    publish(channel, b"x", producer="shop")
+
+    run_once(dispatcher)
+
+    job = Job.objects.get()
+    assert (job.status, job.attempts, job.lease_expires_at) == (DELIVERED, 1, None)
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.job_id, attempt.attempt_number, attempt.status_code) == (job.pk, 1, 202)
+    assert (attempt.error_class, attempt.response_excerpt) == ("", "accepted")
+    assert attempt.dispatcher_id == "test-dispatcher"
+    assert attempt.duration_ms > 0
+
+
+def test_a_failure_is_retried_after_the_first_delay(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(500, body=b"boom" * 2000)
+    publish(channel, b"x", producer="shop")
+
+    before = timezone.now()
+    run_once(dispatcher)
+
+    job = Job.objects.get()
+    assert (job.status, job.last_error) == (QUEUED, "HTTP 500")
+    assert before + timedelta(seconds=60) <= job.next_attempt_at
+    assert job.next_attempt_at <= timezone.now() + timedelta(seconds=60)
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.status_code, attempt.error_class) == (500, "http-status")
+    assert len(attempt.response_excerpt) == 4096  # truncated
+    assert dispatcher.claim(10) == []  # not due yet
+
+
+def test_retries_then_success(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(503)
+    publish(channel, b"x", producer="shop")
+    run_once(dispatcher)
+    receiver.replies["/hook"] = Reply(200)
+
+    with time_machine.travel(timezone.now() + timedelta(seconds=61)):
+        run_once(dispatcher)
+
+    job = Job.objects.get()
+    assert (job.status, job.attempts) == (DELIVERED, 2)
+    assert list(
+        DeliveryAttempt.objects.order_by("attempt_number").values_list(
+            "attempt_number", "status_code"
+        )
+    ) == [(1, 503), (2, 200)]
+
+
+def test_the_last_attempt_failing_makes_the_job_dead(channel, receiver, dispatcher):
+    push_consumer(channel, receiver, retry_delays=[1])
+    receiver.replies["/hook"] = Reply(500)
+    publish(channel, b"x", producer="shop")
+    run_once(dispatcher)
+
+    with time_machine.travel(timezone.now() + timedelta(seconds=2)):
+        run_once(dispatcher)
+
+    job = Job.objects.get()
+    assert (job.status, job.attempts) == (DEAD, 2)
+    assert "all 2 attempts used" in job.last_error
+
+
+def test_non_retryable_statuses_go_straight_to_dead(channel, receiver, dispatcher):
+    push_consumer(channel, receiver, non_retryable_statuses=[400, 422])
+    receiver.replies["/hook"] = Reply(422)
+    publish(channel, b"x", producer="shop")
+
+    run_once(dispatcher)
+
+    job = Job.objects.get()
+    assert (job.status, job.attempts, job.last_error) == (DEAD, 1, "HTTP 422 is not retryable")
+
+
+def test_410_gone_kills_the_job_and_pauses_the_consumer(channel, receiver, dispatcher):
+    consumer = push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(410)
+    publish(channel, b"x", producer="shop", message_id="first")
+    publish(channel, b"x", producer="shop", message_id="second")
+
+    run_once(dispatcher, limit=1)
+
+    consumer.refresh_from_db()
+    assert consumer.paused
+    assert Job.objects.filter(status=DEAD).count() == 1
+    assert dispatcher.claim(10) == []  # the paused consumer's other job waits
+
+
+@pytest.mark.parametrize(("retry_after", "at_least"), [("120", 120), ("5", 60)])
+def test_retry_after_delays_the_next_attempt(channel, receiver, dispatcher, retry_after, at_least):
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(429, headers={"Retry-After": retry_after})
+    publish(channel, b"x", producer="shop")
+
+    before = timezone.now()
+    run_once(dispatcher)
+
+    job = Job.objects.get()
+    assert job.status == QUEUED
+    assert job.next_attempt_at >= before + timedelta(seconds=at_least)
+    assert job.next_attempt_at <= timezone.now() + timedelta(seconds=at_least)
+
+
+def test_a_timeout_is_a_retryable_failure(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(200, delay=1.0)
+    publish(channel, b"x", producer="shop")
+
+    dispatcher.complete(send(dispatcher.claim(10), timeout=0.2))
+
+    job = Job.objects.get()
+    assert job.status == QUEUED
+    assert DeliveryAttempt.objects.get().error_class == "timeout"
+
+
+def test_redirects_are_failures_and_not_followed(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(302, headers={"Location": receiver.url("/elsewhere")})
+    publish(channel, b"x", producer="shop")
+
+    run_once(dispatcher)
+
+    assert receiver.paths() == ["/hook"]
+    assert Job.objects.get().status == QUEUED
+
+
+def test_a_refused_connection_is_a_retryable_failure(channel, receiver, dispatcher):
+    consumer = push_consumer(channel, receiver)
+    consumer.callback_url = "http://127.0.0.1:9/closed"  # discard port: nothing listens
+    consumer.save()
+    publish(channel, b"x", producer="shop")
+
+    run_once(dispatcher)
+
+    assert Job.objects.get().status == QUEUED
+    assert DeliveryAttempt.objects.get().error_class == "connection"
+
+
+def test_claims_follow_priority_and_skip_what_may_not_receive(channel, receiver, dispatcher):
+    push_consumer(channel, receiver, "billing")
+    push_consumer(channel, receiver, "paused", paused=True)
+    make_consumer(channel, "puller", type=Consumer.Type.PULL)
+    for priority in (1, 5, 3):
+        publish(channel, b"x", producer="shop", message_id=f"p{priority}", priority=priority)
+
+    requests = dispatcher.claim(10)
+
+    assert [r.headers["X-Broker-Message-ID"] for r in requests] == ["p5", "p3", "p1"]
+    assert {r.headers["X-Broker-Consumer-ID"] for r in requests} == {"billing"}
+
+
+def test_max_in_flight_caps_what_one_consumer_gets(channel, receiver, dispatcher):
+    push_consumer(channel, receiver, "slow", max_in_flight=2)
+    push_consumer(channel, receiver, "fast")
+    for number in range(5):
+        publish(channel, b"x", producer="shop", message_id=f"m{number}")
+
+    first = dispatcher.claim(100)
+    second = dispatcher.claim(100)
+
+    consumers = [r.headers["X-Broker-Consumer-ID"] for r in first]
+    assert consumers.count("slow") == 2
+    assert consumers.count("fast") == 5
+    assert second == []
+
+
+def test_released_jobs_return_without_using_an_attempt(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    publish(channel, b"x", producer="shop")
+    [request] = dispatcher.claim(10)
+
+    assert dispatcher.release([request.job_id]) == 1
+
+    job = Job.objects.get()
+    assert (job.status, job.attempts, job.lease_expires_at) == (QUEUED, 0, None)
+
+
+def test_an_outcome_for_a_job_swept_meanwhile_changes_nothing(channel, receiver, dispatcher):
+    push_consumer(channel, receiver)
+    publish(channel, b"x", producer="shop")
+    results = send(dispatcher.claim(10))
+    with time_machine.travel(timezone.now() + timedelta(minutes=5)):
+        assert dispatcher.sweep() == 1  # the lease ran out before the outcome was recorded
+
+    dispatcher.complete(results)
+
+    job = Job.objects.get()
+    assert job.status == QUEUED  # left to whoever takes it next
+    assert DeliveryAttempt.objects.count() == 1  # but the attempt is on record
+
+
+def test_heartbeat_row_is_kept_and_removed(dispatcher):
+    dispatcher.delivered = 3
+    dispatcher.beat(in_flight=7)
+
+    beat = DispatcherHeartbeat.objects.get()
+    assert (beat.dispatcher_id, beat.in_flight, beat.delivered) == ("test-dispatcher", 7, 3)
+    dispatcher.retire()
+    assert not DispatcherHeartbeat.objects.exists()
+
+
+def test_kept_headers_cannot_shadow_the_brokers_own(channel, receiver, dispatcher):
+    consumer = push_consumer(channel, receiver)
+    publish(
+        channel,
+        b"x",
+        producer="shop",
+        message_id="order-1",
+        headers={
+            "webhook-Signature": "v1,forged",
+            "X-BROKER-CONSUMER-TOKEN": "forged",
+            "content-type": "text/forged",
+            "Host": "elsewhere.example",
+            "X-Tenant": "t1",
+        },
+        content_type="application/json",
+    )
+
+    run_once(dispatcher)
+
+    [request] = receiver.received
+    assert "forged" not in request.headers["webhook-signature"]
+    assert request.headers["X-Broker-Consumer-Token"] == consumer.token
+    assert request.headers["Content-Type"] == "application/json"
+    assert request.headers["Host"].startswith("127.0.0.1")
+    assert request.headers["X-Tenant"] == "t1"
+    assert request.headers["X-Broker-Metadata-Headers"] == "X-Tenant"

@@ -1,0 +1,82 @@
+"""`manage.py dispatch` as a real process: delivers, wakes on NOTIFY, stops cleanly (SPEC §5)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from broker import publish
+from jobs.models import DispatcherHeartbeat, Job
+from jobs.states import DELIVERED
+from tests.helpers import make_channel, make_consumer, make_producer
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def start_dispatcher(*arguments: str) -> subprocess.Popen[str]:
+    """A dispatcher process on this test's database."""
+    settings = connection.settings_dict
+    environment = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "broker.settings",
+        "DATABASE_URL": (
+            f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/"
+            f"{settings['NAME']}"
+        ),
+        "BROKER_ALLOW_PRIVATE_CALLBACKS": "true",
+    }
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "dispatch", *arguments],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_until(condition, seconds: float) -> float:
+    """Poll until `condition()` is true; return how long it took (fail after `seconds`)."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < seconds, "timed out"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(receiver):
+    make_producer()
+    channel = make_channel()
+    consumer = make_consumer(channel)
+    consumer.callback_url = receiver.url()
+    consumer.save()
+    for number in range(50):
+        publish(channel, b"x", producer="shop", message_id=f"early-{number}")
+    # A 30 s poll: only a NOTIFY can explain a fast delivery of what is published later.
+    process = start_dispatcher("--poll-seconds", "30")
+    try:
+        wait_until(lambda: Job.objects.filter(status=DELIVERED).count() == 50, seconds=30)
+        wait_until(DispatcherHeartbeat.objects.exists, seconds=10)
+        time.sleep(0.5)  # let it go idle
+
+        publish(channel, b"x", producer="shop", message_id="late")
+        latency = wait_until(lambda: Job.objects.filter(status=DELIVERED).count() == 51, seconds=10)
+        assert latency < 2
+
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, output
+    assert "stopped" in output
+    assert len(receiver.received) == 51
+    assert not DispatcherHeartbeat.objects.exists()
