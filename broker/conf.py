@@ -16,6 +16,8 @@ DEFAULTS: dict[str, Any] = {
     "BROKER_OPEN_ADMIN_API": False,
     # /_status answers anyone (load balancer probes); false: admins only.
     "BROKER_PUBLIC_STATUS": True,
+    # /metrics answers anyone; false (default): admins only (Prometheus can send a bearer token).
+    "BROKER_PUBLIC_METRICS": False,
     "BROKER_ALLOW_PRIVATE_CALLBACKS": False,
     "BROKER_DELIVERY_TIMEOUT_SECONDS": 30,
     # The header that carries the consumer's token on push deliveries (as webhook-broker).

@@ -23,6 +23,7 @@ from django.db import transaction
 
 from broker.models import Channel, Producer, TokenProtected, validate_resource_id
 from consumers.models import Consumer, validate_callback_url
+from consumers.safety import UnsafeCallback, check_callback_url
 
 CHANNELS, CHANNEL_TOKENS = "initial-channels", "initial-channel-tokens"
 PRODUCERS, PRODUCER_TOKENS = "initial-producers", "initial-producer-tokens"
@@ -152,6 +153,10 @@ def _parse_consumer(
         validate_callback_url(url)
     except ValidationError:
         raise SeedError(CONSUMERS, key, f"{url!r} is not an absolute http(s) URL") from None
+    try:
+        check_callback_url(url)
+    except UnsafeCallback as exc:
+        raise SeedError(CONSUMERS, key, exc.message) from None
     if not parser.has_section(key):
         raise SeedError(CONSUMERS, key, f"no [{key}] section giving its channel")
     options = dict(parser[key])

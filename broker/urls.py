@@ -20,6 +20,7 @@ from consumers.api import ConsumerDetailView, ConsumerListView, SigningSecretVie
 from jobs.api.dlq import DeadLetterQueueView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
 from jobs.api.summaries import DlqStatusView, JobStatusView
+from jobs.metrics import MetricsView
 
 
 class KeyConverter:
@@ -57,6 +58,7 @@ urlpatterns = [
     path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),
     path(f"{CONSUMER}/secret", SigningSecretView.as_view()),
     path("dlq-status", DlqStatusView.as_view()),
+    path("metrics", MetricsView.as_view()),
     path("job-status", JobStatusView.as_view()),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

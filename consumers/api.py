@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -27,6 +28,7 @@ from broker.api.serializers import (
 from broker.api.stakeholders import apply_stakeholder_form
 from broker.models import Channel
 from consumers.models import Consumer, validate_callback_url
+from consumers.safety import UnsafeCallback, check_callback_url
 from jobs.signing import InvalidSecret, decode_secret
 
 MAX_RETRIES = 50
@@ -82,8 +84,12 @@ class ConsumerForm(StakeholderForm):
     def validate_callbackUrl(self, value: str) -> str:  # noqa: N802
         try:
             validate_callback_url(value)
-        except Exception:
+        except DjangoValidationError:
             raise serializers.ValidationError("must be an absolute http(s) URL.") from None
+        try:
+            check_callback_url(value)
+        except UnsafeCallback as exc:
+            raise serializers.ValidationError(exc.message) from None
         return value
 
     def validate_retryDelays(self, value: str) -> list[int] | None:  # noqa: N802

@@ -9,6 +9,8 @@ from typing import Any
 
 import aiohttp
 
+from consumers.safety import check_delivery_url, is_refusal
+
 RESPONSE_EXCERPT_BYTES = 4096
 MAX_RETRY_AFTER_SECONDS = 86400
 
@@ -49,6 +51,8 @@ async def deliver(
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     try:
+        # IP literals never reach the resolver's guard, so they are judged here.
+        check_delivery_url(request.url)
         async with session.post(
             request.url,
             data=request.body,
@@ -62,7 +66,8 @@ async def deliver(
     except TimeoutError:
         error_class, error = "timeout", f"no answer within {timeout:g} s"
     except (aiohttp.ClientError, OSError) as exc:  # OSError: refused by the address guard
-        error_class, error = "connection", _one_line(exc)
+        error_class = "unsafe-callback" if is_refusal(exc) else "connection"
+        error = _one_line(exc)
     else:
         ok = 200 <= status < 300
         error_class, error = ("", "") if ok else ("http-status", f"HTTP {status}")

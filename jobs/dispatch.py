@@ -33,8 +33,10 @@ from django.utils import timezone
 import broker
 from broker.conf import broker_settings
 from consumers.models import Consumer
+from consumers.safety import SafeResolver
 from jobs.delivery import AttemptResult, DeliveryRequest, deliver
 from jobs.leases import sweep_expired_leases
+from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.retry import Outcome, Verdict, decide
 from jobs.signing import signature_headers
@@ -143,6 +145,10 @@ class Dispatcher:
                 if result.job_id in jobs
             )
             self._apply(outcomes)
+        for result in results:
+            DELIVERY_SECONDS.observe(result.duration_ms / 1000)
+        for outcome in outcomes.values():
+            DELIVERIES.labels(outcome.verdict.value).inc()
         self.delivered += sum(o.verdict is Verdict.DELIVERED for o in outcomes.values())
         self.failed += sum(o.verdict is not Verdict.DELIVERED for o in outcomes.values())
 
@@ -210,7 +216,7 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.config.concurrency, resolver=_resolver())
+        connector = aiohttp.TCPConnector(limit=self.config.concurrency, resolver=SafeResolver())
         async with aiohttp.ClientSession(
             connector=connector, trace_configs=[self._trace()]
         ) as session:
@@ -346,15 +352,6 @@ def _lease() -> timedelta:
         + broker_settings.BROKER_RATIONAL_DELAY_SECONDS
     )
     return timedelta(seconds=seconds)
-
-
-def _resolver() -> aiohttp.abc.AbstractResolver | None:
-    """The address guard of consumers.safety when it is installed."""
-    try:
-        from consumers.safety import SafeResolver
-    except ImportError:  # pragma: no cover - during development of the guard
-        return None
-    return SafeResolver()
 
 
 def _request(job: Job, now: datetime) -> DeliveryRequest:

@@ -311,3 +311,17 @@ def test_numbers_must_be_plain_ascii_integers(admin_client, form):
 @pytest.mark.parametrize("url", ["/producer/a%00b", "/channel/%00/consumers"])
 def test_nul_bytes_in_ids_are_404(admin_client, url):
     assert admin_client.get(url).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8000/hook", "http://169.254.169.254/latest", "http://localhost/x"]
+)
+def test_private_callback_urls_are_refused_unless_allowed(admin_client, settings, url):
+    settings.BROKER_ALLOW_PRIVATE_CALLBACKS = False
+    make_channel("orders")
+
+    response = put(admin_client, "/channel/orders/consumer/billing", {"callbackUrl": url})
+
+    assert response.status_code == 400
+    assert "refusing callback host" in response.json()["Error"]
+    assert not Consumer.objects.exists()

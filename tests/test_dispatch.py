@@ -355,3 +355,17 @@ def test_kept_headers_cannot_shadow_the_brokers_own(channel, receiver, dispatche
     assert request.headers["Host"].startswith("127.0.0.1")
     assert request.headers["X-Tenant"] == "t1"
     assert request.headers["X-Broker-Metadata-Headers"] == "X-Tenant"
+
+
+def test_the_address_guard_refuses_private_callbacks_at_delivery(
+    channel, receiver, dispatcher, settings
+):
+    push_consumer(channel, receiver)  # created while private callbacks were allowed
+    publish(channel, b"x", producer="shop")
+    settings.BROKER_ALLOW_PRIVATE_CALLBACKS = False
+
+    run_once(dispatcher)
+
+    assert receiver.received == []
+    assert Job.objects.get().status == QUEUED
+    assert DeliveryAttempt.objects.get().error_class == "unsafe-callback"

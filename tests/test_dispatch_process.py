@@ -13,19 +13,21 @@ import pytest
 from django.db import connection
 
 from broker import publish
-from jobs.models import DispatcherHeartbeat, Job
+from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.states import DELIVERED
 from tests.helpers import make_channel, make_consumer, make_producer
+from tests.receiver import Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-def start_dispatcher(*arguments: str) -> subprocess.Popen[str]:
+def start_dispatcher(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
     """A dispatcher process on this test's database."""
     settings = connection.settings_dict
     environment = {
         **os.environ,
+        **environment_overrides,
         "DJANGO_SETTINGS_MODULE": "broker.settings",
         "DATABASE_URL": (
             f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/"
@@ -80,3 +82,40 @@ def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(rece
     assert "stopped" in output
     assert len(receiver.received) == 51
     assert not DispatcherHeartbeat.objects.exists()
+
+
+def test_kill_9_of_one_of_two_dispatchers_loses_nothing(receiver):
+    make_producer()
+    channel = make_channel()
+    consumer = make_consumer(channel)
+    consumer.callback_url = receiver.url()
+    consumer.save()
+    receiver.replies["/hook"] = Reply(200, delay=0.005)  # keep deliveries in flight
+    for number in range(2000):
+        publish(channel, b"x", producer="shop", message_id=f"m-{number}")
+    # Short leases, so the survivor reclaims the victim's jobs within seconds.
+    fast_leases = {"BROKER_DELIVERY_TIMEOUT_SECONDS": "2", "BROKER_RATIONAL_DELAY_SECONDS": "1"}
+    concurrency = "32"
+    victim = start_dispatcher("--concurrency", concurrency, **fast_leases)
+    survivor = start_dispatcher("--concurrency", concurrency, **fast_leases)
+    try:
+        wait_until(lambda: len(receiver.received) >= 500, seconds=60)
+        victim.kill()  # SIGKILL: no chance to clean up
+        victim.wait(timeout=10)
+        wait_until(lambda: Job.objects.filter(status=DELIVERED).count() == 2000, seconds=90)
+        survivor.send_signal(signal.SIGTERM)
+        survivor.communicate(timeout=30)
+    finally:
+        for process in (victim, survivor):
+            if process.poll() is None:
+                process.kill()
+
+    assert survivor.returncode == 0
+    delivered_ids = [request.headers["X-Broker-Message-ID"] for request in receiver.received]
+    assert set(delivered_ids) == {f"m-{number}" for number in range(2000)}
+    duplicates = len(delivered_ids) - len(set(delivered_ids))
+    # Only what the victim had in flight when it died can arrive twice.
+    assert duplicates <= int(concurrency)
+    assert Job.objects.exclude(status=DELIVERED).count() == 0
+    # Every job's attempts add up: one DeliveryAttempt per recorded outcome.
+    assert DeliveryAttempt.objects.filter(status_code=200).count() >= 2000 - int(concurrency)

@@ -68,6 +68,15 @@ class IsAdminUnlessPublicStatus(BasePermission):
         )
 
 
+class IsAdminUnlessPublicMetrics(BasePermission):
+    """/metrics: admins only by default (it names every consumer), open when configured so."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return bool(broker_settings.BROKER_PUBLIC_METRICS) or IsBrokerAdmin().has_permission(
+            request, view
+        )
+
+
 class IsBrokerAdmin(BasePermission):
     message = "Admin authentication required (Authorization: Bearer <admin token>)."
 

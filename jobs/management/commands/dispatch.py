@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import connection
+from prometheus_client import start_http_server
 
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.wakeup import listen_for_jobs
@@ -20,6 +21,13 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
         parser.add_argument("--poll-seconds", type=float, default=defaults.poll_seconds)
         parser.add_argument("--grace-seconds", type=float, default=defaults.grace_seconds)
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=0,
+            help="serve this dispatcher's Prometheus metrics on this port (0: off)",
+        )
+        parser.add_argument("--metrics-address", default="127.0.0.1")
 
     def handle(self, *args: Any, **options: Any) -> None:
         config = DispatcherConfig(
@@ -28,6 +36,8 @@ class Command(BaseCommand):
             poll_seconds=options["poll_seconds"],
             grace_seconds=options["grace_seconds"],
         )
+        if options["metrics_port"]:
+            start_http_server(options["metrics_port"], addr=options["metrics_address"])
         self.stdout.write(f"dispatcher {config.dispatcher_id} starting")
         asyncio.run(self._run(Dispatcher(config)))
         self.stdout.write(f"dispatcher {config.dispatcher_id} stopped")

@@ -1,0 +1,116 @@
+"""Prometheus metrics (SPEC §4 /metrics, issue 4).
+
+Two sources, because deliveries happen in dispatcher processes and the API in web processes:
+- each dispatcher counts its own deliveries and times them, served on its `--metrics-port`;
+- the web app's `/metrics` reports the state of the queue, read from the database at scrape time
+  (queued, in flight and dead jobs per consumer; each dispatcher's heartbeat totals).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.db.models import Count
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from broker.api.auth import IsAdminUnlessPublicMetrics
+from consumers.models import Consumer
+from jobs.models import DispatcherHeartbeat, Job
+from jobs.states import DEAD, INFLIGHT, QUEUED
+
+# --- in each dispatcher process -----------------------------------------------------------------
+DELIVERIES = Counter(
+    "broker_deliveries_total",
+    "Push delivery attempts by outcome (delivered, retry, dead).",
+    ["outcome"],
+)
+DELIVERY_SECONDS = Histogram(
+    "broker_delivery_duration_seconds",
+    "Time from sending a webhook to its answer (or failure).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+# --- in the web app: the queue as the database sees it -----------------------------------------
+class QueueCollector(Collector):
+    STATES = {"queued": QUEUED, "in_flight": INFLIGHT, "dead": DEAD}
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        names = {
+            pk: (channel, public_id)
+            for pk, channel, public_id in Consumer.objects.values_list(
+                "pk", "channel_id", "public_id"
+            )
+        }
+        for name, status in self.STATES.items():
+            family = GaugeMetricFamily(
+                f"broker_jobs_{name}",
+                f"Jobs {status} per consumer.",
+                labels=["channel", "consumer"],
+            )
+            # Each count goes through the partial index of its status.
+            counts = (
+                Job.objects.filter(status=status)
+                .values("consumer")
+                .annotate(n=Count("pk"))
+                .values_list("consumer", "n")
+            )
+            for consumer_id, count in counts:
+                if consumer_id in names:
+                    family.add_metric(list(names[consumer_id]), count)
+            yield family
+        yield from self._dispatchers()
+
+    def _dispatchers(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        beats = list(DispatcherHeartbeat.objects.all())
+        in_flight = GaugeMetricFamily(
+            "broker_dispatcher_in_flight", "Deliveries in flight.", labels=["dispatcher"]
+        )
+        seen = GaugeMetricFamily(
+            "broker_dispatcher_last_beat_timestamp_seconds",
+            "When the dispatcher last reported.",
+            labels=["dispatcher"],
+        )
+        outcomes = CounterMetricFamily(
+            "broker_dispatcher_attempts",
+            "Attempts since the dispatcher started, by result.",
+            labels=["dispatcher", "result"],
+        )
+        for beat in beats:
+            in_flight.add_metric([beat.dispatcher_id], beat.in_flight)
+            seen.add_metric([beat.dispatcher_id], beat.last_beat_at.timestamp())
+            outcomes.add_metric([beat.dispatcher_id, "delivered"], beat.delivered)
+            outcomes.add_metric([beat.dispatcher_id, "failed"], beat.failed)
+        yield from (in_flight, seen, outcomes)
+
+
+def queue_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector())
+    return registry
+
+
+class MetricsView(APIView):
+    """Prometheus text format; admin unless BROKER_PUBLIC_METRICS (Prometheus can send a bearer)."""
+
+    permission_classes = [IsAdminUnlessPublicMetrics]
+
+    @extend_schema(
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="Prometheus text exposition format"
+            )
+        }
+    )
+    def get(self, request: Request) -> HttpResponse:
+        return HttpResponse(
+            generate_latest(queue_registry()),
+            content_type="text/plain; version=0.0.4; charset=utf-8",
+        )

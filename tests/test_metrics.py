@@ -1,0 +1,41 @@
+"""Prometheus metrics: the queue per consumer from the database, dispatcher totals."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from jobs.models import DispatcherHeartbeat
+from jobs.states import DEAD, INFLIGHT, QUEUED
+from tests.helpers import make_job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_metrics_need_an_admin_unless_public(client, settings):
+    assert client.get("/metrics").status_code == 401
+    settings.BROKER_PUBLIC_METRICS = True
+    assert client.get("/metrics").status_code == 200
+
+
+def test_metrics_report_jobs_per_consumer_and_dispatchers(admin_client):
+    for status in (QUEUED, QUEUED, INFLIGHT, DEAD):
+        make_job(status)
+    DispatcherHeartbeat.objects.create(
+        dispatcher_id="d1",
+        hostname="h",
+        pid=1,
+        started_at=timezone.now(),
+        last_beat_at=timezone.now(),
+        in_flight=3,
+        delivered=10,
+        failed=2,
+    )
+
+    text = admin_client.get("/metrics").content.decode()
+
+    assert 'broker_jobs_queued{channel="orders",consumer="billing"} 2.0' in text
+    assert 'broker_jobs_in_flight{channel="orders",consumer="billing"} 1.0' in text
+    assert 'broker_jobs_dead{channel="orders",consumer="billing"} 1.0' in text
+    assert 'broker_dispatcher_in_flight{dispatcher="d1"} 3.0' in text
+    assert 'broker_dispatcher_attempts_total{dispatcher="d1",result="delivered"} 10.0' in text
