@@ -13,6 +13,7 @@ import pytest
 from django.db import DatabaseError, connection
 
 from broker import publish
+from broker.models import Channel
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.states import DELIVERED
 from tests.helpers import make_channel, make_consumer, make_producer
@@ -45,6 +46,16 @@ def start_dispatcher(*arguments: str, **environment_overrides: str) -> subproces
     )
 
 
+def channel_delivering_to(receiver) -> Channel:
+    """A channel with a producer and one push consumer that delivers to `receiver`."""
+    make_producer()
+    channel = make_channel()
+    consumer = make_consumer(channel)
+    consumer.callback_url = receiver.url()
+    consumer.save()
+    return channel
+
+
 def wait_until(condition, seconds: float) -> float:
     """Poll until `condition()` is true; return how long it took (fail after `seconds`)."""
     started = time.monotonic()
@@ -55,11 +66,7 @@ def wait_until(condition, seconds: float) -> float:
 
 
 def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(receiver):
-    make_producer()
-    channel = make_channel()
-    consumer = make_consumer(channel)
-    consumer.callback_url = receiver.url()
-    consumer.save()
+    channel = channel_delivering_to(receiver)
     for number in range(50):
         publish(channel, b"x", producer="shop", message_id=f"early-{number}")
     # A 30 s poll: only a NOTIFY can explain a fast delivery of what is published later.
@@ -85,11 +92,7 @@ def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(rece
 
 
 def test_kill_9_of_one_of_two_dispatchers_loses_nothing(receiver):
-    make_producer()
-    channel = make_channel()
-    consumer = make_consumer(channel)
-    consumer.callback_url = receiver.url()
-    consumer.save()
+    channel = channel_delivering_to(receiver)
     receiver.replies["/hook"] = Reply(200, delay=0.005)  # keep deliveries in flight
     for number in range(2000):
         publish(channel, b"x", producer="shop", message_id=f"m-{number}")
@@ -133,11 +136,7 @@ def restart_postgresql() -> None:
 
 @pytest.mark.disruptive
 def test_a_database_restart_mid_run_loses_nothing(receiver):
-    make_producer()
-    channel = make_channel()
-    consumer = make_consumer(channel)
-    consumer.callback_url = receiver.url()
-    consumer.save()
+    channel = channel_delivering_to(receiver)
     receiver.replies["/hook"] = Reply(200, delay=0.005)
     for number in range(600):
         publish(channel, b"x", producer="shop", message_id=f"m-{number}")
