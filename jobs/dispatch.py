@@ -84,12 +84,14 @@ class Dispatcher:
                 attempts=F("attempts") + 1,
                 lease_expires_at=now + _lease(),
             )
-        jobs = (
+        jobs = list(
             Job.objects.filter(pk__in=ids, status=INFLIGHT)
-            .select_related("message", "consumer")
+            .select_related("message")
             .order_by("-priority", "next_attempt_at")
         )
-        return [_request(job, now) for job in jobs]
+        # Once per consumer, not per job: loading one decrypts its token and secrets.
+        consumers = Consumer.objects.in_bulk({job.consumer_id for job in jobs})
+        return [_request(job, consumers[job.consumer_id], now) for job in jobs]
 
     def _due_job_ids(self, limit: int, now: datetime) -> list[int]:
         """Per consumer, its due jobs up to its in-flight room; then the best `limit` overall.
@@ -134,15 +136,23 @@ class Dispatcher:
         if not results:
             return
         now = timezone.now()
-        jobs = Job.objects.select_related("consumer").in_bulk([r.job_id for r in results])
+        consumer_of = dict(
+            Job.objects.filter(pk__in=[r.job_id for r in results]).values_list("pk", "consumer")
+        )
+        # Only what the retry policy reads: no secret is decrypted to record an outcome.
+        policies = Consumer.objects.only("retry_delays", "non_retryable_statuses").in_bulk(
+            set(consumer_of.values())
+        )
         outcomes = {
-            r.job_id: decide(r, jobs[r.job_id].consumer, now) for r in results if r.job_id in jobs
+            r.job_id: decide(r, policies[consumer_of[r.job_id]], now)
+            for r in results
+            if r.job_id in consumer_of
         }
         with transaction.atomic():
             DeliveryAttempt.objects.bulk_create(
                 _attempt_row(result, self.config.dispatcher_id)
                 for result in results
-                if result.job_id in jobs
+                if result.job_id in consumer_of
             )
             self._apply(outcomes)
         for result in results:
@@ -354,9 +364,9 @@ def _lease() -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def _request(job: Job, now: datetime) -> DeliveryRequest:
+def _request(job: Job, consumer: Consumer, now: datetime) -> DeliveryRequest:
     """The HTTP request for one claimed job: payload, broker headers, metadata, signatures."""
-    message, consumer = job.message, job.consumer
+    message = job.message
     payload = bytes(message.payload)
     headers = {
         "Content-Type": message.content_type,
