@@ -1,0 +1,586 @@
+"""Push delivery: `manage.py dispatch` throughput, latency and memory, and Celery side by side.
+
+Scenarios (`--scenario`, comma-separated, default `all`):
+
+    drain    10,000 queued jobs delivered to a fast receiver by 1 and 2 dispatcher processes,
+             with 1 and 10 push consumers; every job must arrive exactly once
+    celery   the same jobs sent by Celery 5 + requests (RabbitMQ on 127.0.0.1:5672) with as many
+             prefork worker processes as dispatchers; our rate / Celery's
+    slow     a receiver that answers after 200 ms: one dispatcher with enough concurrency
+    latency  publish -> arrival at the receiver at 500 messages/s offered, one dispatcher that
+             waits idle for NOTIFY; `broker.publish()` is called in this process
+    backlog  the drain rate with 1,000,000 other queued jobs in the table, against the rate
+             without them, measured right before
+    rss      the dispatcher's resident memory while messages are published at a steady rate
+
+The benchmark creates a fresh PostgreSQL database `bench_dispatch` on 127.0.0.1:5432 (dropped
+first if left over) and migrates it; every run empties the tables, creates the consumers and
+inserts its jobs with bulk SQL. Receivers (bench/webhook_sink.py) and dispatchers run as processes
+of their own, dispatchers with BROKER_ALLOW_PRIVATE_CALLBACKS=true; the dispatchers start first and
+wait idle, and the jobs appear in one committed transaction (with the NOTIFY a publish sends). A
+drain is timed from the first request at the receiver until SQL counts every job DELIVERED; then
+the dispatchers get SIGTERM, and the script checks with SQL and the receiver's counts that every
+job was delivered exactly once. It talks to 127.0.0.1 only, stops by itself and drops the database.
+
+    .venv/bin/python bench/dispatch.py                         # everything, about 4 minutes
+    .venv/bin/python bench/dispatch.py --scenario drain,celery
+    .venv/bin/python bench/dispatch.py --scenario rss --rss-seconds 600
+    .venv/bin/python bench/dispatch.py --help
+
+The celery scenario needs `.venv/bin/pip install -r bench/requirements.txt` and RabbitMQ
+(`rabbitmq-server -detached`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dispatch_harness import (
+    BENCH,
+    CHANNEL,
+    HOST,
+    PAYLOAD,
+    PRODUCER,
+    ROOT,
+    Bench,
+    Check,
+    DispatchOptions,
+    Drain,
+    Receivers,
+    count_receipts,
+    cpu_by_group,
+    cpu_table,
+    dispatchers,
+    drain_ours,
+    drain_queued,
+    drain_timeout,
+    fresh_database,
+    log_tail,
+    machine,
+    prepare,
+    process_cpu,
+    queue_jobs,
+    receivers,
+    rss_mb,
+    setup_django,
+    start_process,
+    stop_process,
+    verify,
+    wait_for,
+    wait_for_delivered,
+)
+
+RABBITMQ_PORT = 5672
+SCENARIOS = ["drain", "celery", "slow", "latency", "backlog", "rss"]
+BACKLOG_KINDS = ["due", "future", "paused"]
+CELERY_APPLICATION = "celery_peer"  # bench/celery_peer.py
+
+# The issue's targets.
+DRAIN_TARGETS = {1: 2000, 2: 3500}  # deliveries/s by dispatcher processes
+DRAIN_STRETCH = 5000  # with two
+CELERY_RATIO = 3.0
+SLOW_TARGET = 1000
+LATENCY_P50_MS, LATENCY_P99_MS = 10.0, 50.0
+BACKLOG_RATIO = 0.8
+RSS_LIMIT_MB = 200.0
+RSS_FLAT_MB = 10.0  # "flat": grows less than this from the first quarter of the run to its end
+
+
+# --- scenarios ------------------------------------------------------------------------------
+
+
+def scenario_drain(bench: Bench) -> None:
+    args = bench.args
+    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    print(f"\n== drain: {args.jobs} queued jobs, fast receiver; manage.py dispatch {options}")
+    with receivers(bench) as sinks:
+        for consumers in args.consumers:
+            for processes in args.dispatchers:
+                ids = prepare(bench, consumers, sinks.port, args.max_in_flight or None)
+                label = f"{processes} dispatcher(s), {consumers} consumer(s)"
+                drain = drain_queued(bench, sinks, label, processes, options, ids)
+                bench.drains[consumers, processes] = drain
+                judge_drain(bench, drain, processes)
+
+
+def judge_drain(bench: Bench, drain: Drain, processes: int) -> None:
+    target = DRAIN_TARGETS.get(processes)
+    figure = f"{drain.label}: {drain.rate:,.0f}/s"
+    complete = drain.check.ok and not drain.timed_out
+    if target is not None:
+        bench.verdict(
+            "drain", figure, f">= {target:,}/s with {processes}", complete and drain.rate >= target
+        )
+    if processes == 2:
+        bench.verdict(
+            "drain",
+            figure,
+            f"stretch >= {DRAIN_STRETCH:,}/s with 2",
+            complete and drain.rate >= DRAIN_STRETCH,
+        )
+
+
+def rabbitmq_up() -> bool:
+    try:
+        socket.create_connection((HOST, RABBITMQ_PORT), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def scenario_celery(bench: Bench) -> None:
+    args = bench.args
+    consumers = max(args.consumers)
+    print(
+        f"\n== celery: the same {args.jobs} webhooks through Celery 5 + requests,"
+        f" {args.celery_pool} pool, RabbitMQ on {HOST}:{RABBITMQ_PORT}; {consumers} consumer URLs"
+    )
+    if not rabbitmq_up():
+        print("  RabbitMQ does not answer on 127.0.0.1:5672 (start it: rabbitmq-server -detached)")
+        bench.verdict("celery", "not run", f"ours / Celery >= {CELERY_RATIO:g}", False)
+        return
+    sys.path.insert(0, str(BENCH))
+    import celery_peer
+
+    with ExitStack() as stack:
+        sinks = stack.enter_context(receivers(bench))
+        stack.callback(remove_celery_queue, celery_peer)
+        for processes in args.dispatchers:
+            concurrency = args.celery_concurrency or processes
+            celery = drain_celery(bench, celery_peer, sinks, processes, concurrency, consumers)
+            ours = bench.drains.get((consumers, processes))
+            if ours is None:
+                ids = prepare(bench, consumers, sinks.port, args.max_in_flight or None)
+                options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+                label = f"ours, {processes} dispatcher(s), {consumers} consumer(s)"
+                ours = drain_queued(bench, sinks, label, processes, options, ids)
+                bench.drains[consumers, processes] = ours
+            ratio = ours.rate / celery.rate if celery.rate else math.inf
+            ok = ours.check.ok and celery.check.ok and not (ours.timed_out or celery.timed_out)
+            bench.verdict(
+                "celery",
+                f"{processes} process(es): ours {ours.rate:,.0f}/s / Celery {celery.rate:,.0f}/s"
+                f" = {ratio:.1f}x",
+                f"ours / Celery >= {CELERY_RATIO:g}x",
+                ok and ratio >= CELERY_RATIO,
+            )
+
+
+def remove_celery_queue(peer: Any) -> None:
+    """Leave RabbitMQ as it was: no bench queue, no bench exchange."""
+    with peer.app.connection_for_write() as connection:
+        connection.default_channel.queue_delete(peer.QUEUE)
+        connection.default_channel.exchange_delete(peer.QUEUE)
+
+
+def drain_celery(
+    bench: Bench, peer: Any, sinks: Receivers, processes: int, concurrency: int, consumers: int
+) -> Drain:
+    """Enqueue one task per job with the worker stopped, then start it and time the drain."""
+    args = bench.args
+    messages = math.ceil(args.jobs / consumers)
+    jobs = [(f"k{g}", f"c{n}") for g in range(1, messages + 1) for n in range(consumers)]
+    sinks.reset()
+    peer.app.control.purge()
+    enqueue_started = time.perf_counter()
+    with peer.app.producer_or_acquire() as producer:
+        for message_id, consumer in jobs:
+            peer.send_webhook.apply_async(
+                (
+                    f"http://{HOST}:{sinks.port}/{consumer}",
+                    PAYLOAD,
+                    celery_headers(message_id, consumer),
+                ),
+                producer=producer,
+            )
+    print(f"  enqueued {len(jobs)} tasks in {time.perf_counter() - enqueue_started:.1f} s")
+    pool = ["--pool", args.celery_pool, "--concurrency", str(concurrency)]
+    command = [
+        sys.executable, "-m", "celery", "-A", CELERY_APPLICATION, "worker", *pool,
+        "--loglevel", "WARNING", "-Q", peer.QUEUE, "-n", f"bench-{os.getpid()}@%h",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]  # fmt: skip
+    # Not this process's Django settings: Celery would load its Django fix-up for them.
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(BENCH)
+    log = bench.logs / f"celery-{processes}.log"
+    worker = start_process(command, log, env, cwd=BENCH)
+    try:
+        wait_for(lambda: sinks.summary()[0], 1, 60, lambda: worker.poll() is None)
+        before = cpu_table()  # from the first request: the worker's start-up is not counted
+        finished, timed_out = wait_for(
+            lambda: sinks.summary()[1],
+            len(jobs),
+            drain_timeout(bench, len(jobs)),
+            lambda: worker.poll() is None,
+        )
+        after = cpu_table()
+    finally:
+        if worker.poll() is not None:
+            print(f"  the celery worker exited early:\n{log_tail(log)}")
+        stop_process(worker, "celery worker")
+    received = sinks.received()
+    check = Check(expected=len(jobs))
+    count_receipts(check, received, {f"{m} {c}" for m, c in jobs})
+    first = min((seen[1] for seen in received.values()), default=finished)
+    cpu = cpu_by_group(before, after, {"celery": {worker.pid}, "receiver": sinks.pids}, True)
+    label = f"Celery, {args.celery_pool} --concurrency {concurrency}"
+    drain = Drain(label, len(jobs), first, finished, cpu, check, timed_out)
+    drain.report()
+    return drain
+
+
+def celery_headers(message_id: str, consumer: str) -> dict[str, str]:
+    """The headers our dispatcher sends, but for the signature (the task signs)."""
+    return {
+        "Content-Type": "application/json",
+        "X-Broker-Message-ID": message_id,
+        "X-Broker-Message-Priority": "0",
+        "X-Broker-Channel-ID": CHANNEL,
+        "X-Broker-Consumer-ID": consumer,
+        "X-Broker-Consumer-Token": "t" * 43,
+        "X-Request-ID": os.urandom(16).hex(),
+        "User-Agent": "bench-celery/1",
+    }
+
+
+def scenario_slow(bench: Bench) -> None:
+    args = bench.args
+    options = DispatchOptions(args.slow_concurrency, args.batch_size, args.poll_seconds)
+    cap = args.slow_max_in_flight or args.slow_concurrency
+    print(
+        f"\n== slow: {args.jobs} jobs, receiver answers after {args.slow_delay_ms:g} ms;"
+        f" 1 dispatcher, manage.py dispatch {options};"
+        f" {args.slow_consumers} consumer(s) with maxInFlight {cap}"
+    )
+    with receivers(bench, args.slow_delay_ms) as sinks:
+        ids = prepare(bench, args.slow_consumers, sinks.port, max_in_flight=cap)
+        drain = drain_queued(bench, sinks, "1 dispatcher, slow receiver", 1, options, ids)
+    bench.verdict(
+        "slow",
+        f"{drain.rate:,.0f}/s (--concurrency {args.slow_concurrency}, maxInFlight {cap})",
+        f">= {SLOW_TARGET:,}/s from one dispatcher",
+        drain.check.ok and not drain.timed_out and drain.rate >= SLOW_TARGET,
+    )
+
+
+def publish_steadily(
+    rate: float, seconds: float, prefix: str, tick: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """Publish `rate` messages/s for `seconds` with `broker.publish()` (open loop: a late
+    message does not delay the schedule); message ID -> time.time() just before publishing."""
+    from broker.publishing import publish
+
+    sent: dict[str, float] = {}
+    start = time.perf_counter()
+    for n in range(int(rate * seconds)):
+        pause = start + n / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        message_id = f"{prefix}{n}"
+        sent[message_id] = time.time()
+        publish(CHANNEL, PAYLOAD.encode(), producer=PRODUCER, message_id=message_id,
+                content_type="application/json")  # fmt: skip
+        if tick:
+            tick()
+    return sent
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
+
+
+def scenario_latency(bench: Bench) -> None:
+    args = bench.args
+    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    print(
+        f"\n== latency: broker.publish() in this process at {args.latency_rate:g} messages/s,"
+        f" {args.latency_warmup:g} s warm-up then {args.latency_seconds:g} s measured;"
+        f" 1 consumer, 1 dispatcher ({options}) idle on LISTEN/NOTIFY"
+    )
+    with receivers(bench) as sinks:
+        prepare(bench, 1, sinks.port)
+        with dispatchers(bench, 1, options) as running:
+            warm = publish_steadily(args.latency_rate, args.latency_warmup, "w")
+            started = time.perf_counter()
+            sent = publish_steadily(args.latency_rate, args.latency_seconds, "l")
+            offered = len(sent) / (time.perf_counter() - started)
+            total = len(warm) + len(sent)
+            _, timed_out = wait_for_delivered(bench, sinks, total, running)
+        received = sinks.received()
+    latencies = [
+        1000 * (received[f"{message_id} c0"][1] - published)
+        for message_id, published in sent.items()
+        if f"{message_id} c0" in received
+    ]
+    check = verify(bench, received)
+    p50, p95, p99 = (percentile(latencies, q) for q in (0.5, 0.95, 0.99))
+    print(
+        f"  offered {offered:,.0f} messages/s; {len(latencies)} of {len(sent)} measured"
+        f"{' (TIMED OUT)' if timed_out else ''}\n"
+        f"  publish -> arrival ms: p50 {p50:.1f}  p95 {p95:.1f}  p99 {p99:.1f}"
+        f"  max {max(latencies, default=math.nan):.1f}\n  {check}"
+    )
+    complete = check.ok and len(latencies) == len(sent)
+    figure = f"p50 {p50:.1f} ms, p99 {p99:.1f} ms at {offered:,.0f}/s"
+    bench.verdict(
+        "latency", figure, f"p50 <= {LATENCY_P50_MS:g} ms", complete and p50 <= LATENCY_P50_MS
+    )
+    bench.verdict(
+        "latency", figure, f"p99 <= {LATENCY_P99_MS:g} ms", complete and p99 <= LATENCY_P99_MS
+    )
+
+
+# The backlog jobs: one statement, as fast as PostgreSQL inserts (with the jobs table's indexes).
+def build_backlog(bench: Bench, rows: int, consumers: list[int], delay_seconds: float) -> None:
+    started = time.perf_counter()
+    bench.db.execute("SET work_mem = '256MB'")
+    queue_jobs(bench, rows, consumers, "b", delay_seconds)
+    inserted = time.perf_counter() - started
+    bench.db.execute("VACUUM ANALYZE jobs_job")
+    bench.db.execute("VACUUM ANALYZE broker_message")
+    bench.db.execute("RESET work_mem")
+    print(
+        f"  built {rows:,} backlog jobs in {inserted:.1f} s"
+        f" (+ {time.perf_counter() - started - inserted:.1f} s VACUUM ANALYZE)",
+        flush=True,
+    )
+
+
+def scenario_backlog(bench: Bench) -> None:
+    args = bench.args
+    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    consumers, processes = args.backlog_consumers, args.backlog_dispatchers
+    print(
+        f"\n== backlog: {args.jobs} deliveries with {args.backlog_rows:,} other queued jobs in"
+        f" the table ({', '.join(args.backlog_kind)}); {processes} dispatcher(s), {consumers}"
+        f" consumers, manage.py dispatch {options}"
+    )
+    with receivers(bench) as sinks:
+        ids = prepare(bench, consumers, sinks.port, args.max_in_flight or None)
+        baseline = drain_queued(bench, sinks, "baseline, no backlog", processes, options, ids)
+        for kind in args.backlog_kind:
+            drain = drain_with_backlog(bench, sinks, kind, processes, options)
+            ratio = drain.rate / baseline.rate if baseline.rate else 0.0
+            bench.verdict(
+                "backlog",
+                f"{kind}: {drain.rate:,.0f}/s = {100 * ratio:.0f} % of {baseline.rate:,.0f}/s",
+                f">= {100 * BACKLOG_RATIO:.0f} % of the rate without backlog",
+                drain.check.ok
+                and baseline.check.ok
+                and not drain.timed_out
+                and ratio >= BACKLOG_RATIO,
+            )
+
+
+def drain_with_backlog(
+    bench: Bench, sinks: Receivers, kind: str, processes: int, options: DispatchOptions
+) -> Drain:
+    """due: every backlog job is due (a receiver was down for hours, or a burst), and the first
+    `jobs` of them are timed; they belong to paused consumers until the dispatchers are ready.
+    future: the backlog waits for retries a day from now and `jobs` fresh due jobs are timed.
+    paused: the backlog belongs to one more, paused, consumer."""
+    args = bench.args
+    ids = prepare(bench, args.backlog_consumers, sinks.port, args.max_in_flight or None)
+    if kind == "due":
+        bench.db.execute("UPDATE consumers_consumer SET paused = true")
+        build_backlog(bench, args.backlog_rows, ids, 0)
+
+        def make_due() -> None:
+            with bench.db.transaction():
+                bench.db.execute("UPDATE consumers_consumer SET paused = false")
+                bench.db.execute("SELECT pg_notify('broker_jobs', '')")
+
+    else:
+        if kind == "future":
+            build_backlog(bench, args.backlog_rows, ids, 86400)
+        else:
+            paused = prepare_paused_consumer(sinks.port)
+            build_backlog(bench, args.backlog_rows, [paused], 0)
+
+        def make_due() -> None:
+            queue_jobs(bench, args.jobs, ids, "d")
+
+    return drain_ours(
+        bench, sinks, f"{kind} backlog of {args.backlog_rows:,}", processes, options, make_due,
+        args.jobs, touched_only=True,
+    )  # fmt: skip
+
+
+def prepare_paused_consumer(port: int) -> int:
+    from consumers.models import Consumer
+
+    return Consumer.objects.create(
+        channel_id=CHANNEL, public_id="paused", name="Paused", paused=True,
+        callback_url=f"http://{HOST}:{port}/paused",
+    ).pk  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sample:
+    seconds: float  # since the dispatcher was ready
+    rss_mb: float
+    delivered: int  # jobs the receiver has got
+    cpu: float  # the dispatcher's CPU seconds so far
+
+
+def scenario_rss(bench: Bench) -> None:
+    args = bench.args
+    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    print(
+        f"\n== rss: dispatcher resident memory over {args.rss_seconds:g} s while publishing"
+        f" {args.rss_rate:g} messages/s (broker.publish() in this process) to 1 consumer;"
+        f" sampled every {args.rss_sample_seconds:g} s"
+    )
+    samples: list[Sample] = []
+    with receivers(bench) as sinks:
+        prepare(bench, 1, sinks.port)
+        with dispatchers(bench, 1, options) as running:
+            pid, started = running[0].pid, time.monotonic()
+
+            def sample(every: float = 0.0) -> None:
+                elapsed = time.monotonic() - started
+                if not samples or elapsed - samples[-1].seconds >= every:
+                    delivered = sinks.summary()[1]
+                    samples.append(Sample(elapsed, rss_mb(pid), delivered, process_cpu(pid)))
+
+            sample()
+            sent = publish_steadily(
+                args.rss_rate, args.rss_seconds, "r", lambda: sample(args.rss_sample_seconds)
+            )
+            sample(1.0)
+            _, timed_out = wait_for_delivered(bench, sinks, len(sent), running)
+        check = verify(bench, sinks.received())
+    report_rss(bench, samples, check, timed_out)
+
+
+def report_rss(bench: Bench, samples: list[Sample], check: Check, timed_out: bool) -> None:
+    print("  seconds  RSS MB  deliveries/s  dispatcher CPU ms per delivery (since the last line)")
+    print(f"  {0:7.0f}  {samples[0].rss_mb:6.1f}")
+    for before, after in itertools.pairwise(samples):
+        delivered = after.delivered - before.delivered
+        rate = delivered / (after.seconds - before.seconds)
+        cpu = f"{1000 * (after.cpu - before.cpu) / delivered:.3f}" if delivered else "-"
+        print(f"  {after.seconds:7.0f}  {after.rss_mb:6.1f}  {rate:12.0f}  {cpu}")
+    start, end = samples[0].rss_mb, samples[-1].rss_mb
+    peak = max(s.rss_mb for s in samples)
+    quarter = next(s.rss_mb for s in samples if s.seconds >= samples[-1].seconds / 4)
+    print(f"  {check}{' (TIMED OUT)' if timed_out else ''}")
+    figure = f"start {start:.1f} MB, max {peak:.1f} MB, end {end:.1f} MB (at 1/4: {quarter:.1f} MB)"
+    complete = check.ok and not timed_out
+    bench.verdict("rss", figure, f"RSS < {RSS_LIMIT_MB:g} MB", complete and peak < RSS_LIMIT_MB)
+    bench.verdict(
+        "rss",
+        figure,
+        f"flat: + < {RSS_FLAT_MB:g} MB after the first quarter",
+        complete and end - quarter < RSS_FLAT_MB,
+    )
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def integers(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")]
+
+
+def names(choices: list[str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        chosen = choices if text == "all" else text.split(",")
+        if unknown := set(chosen) - set(choices):
+            raise argparse.ArgumentTypeError(f"unknown: {', '.join(sorted(unknown))}")
+        return chosen
+
+    return parse
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    # String defaults go through `type` like given values, so --help shows them as typed.
+    add("--scenario", type=names(SCENARIOS), default="all", help=",".join(SCENARIOS) + " or all")
+    add("--jobs", type=int, default=10000, help="jobs per drain")
+    add("--consumers", type=integers, default="1,10", help="drain: push consumers, a run each")
+    add("--dispatchers", type=integers, default="1,2", help="drain, celery: processes, a run each")
+    add("--concurrency", type=int, default=128, help="manage.py dispatch --concurrency")
+    add("--max-in-flight", type=int, default=0, help="consumers' maxInFlight (0: not set)")
+    add("--batch-size", type=int, default=100, help="manage.py dispatch --batch-size")
+    add("--poll-seconds", type=float, default=1.0, help="manage.py dispatch --poll-seconds")
+    add("--receivers", type=int, default=1, help="receiver processes sharing the port")
+    add(
+        "--dispatch-command",
+        default=f"{sys.executable} {ROOT / 'manage.py'} dispatch",
+        help="how to start a dispatcher (a profiling wrapper, say); options are appended",
+    )
+    add("--timeout", type=float, default=0, help="seconds a drain may take (0: by its size)")
+    add("--celery-pool", default="prefork", help="celery worker --pool")
+    add("--celery-concurrency", type=int, default=0, help="celery --concurrency (0: dispatchers)")
+    add("--slow-delay-ms", type=float, default=200.0, help="slow: the receiver's delay")
+    add("--slow-concurrency", type=int, default=400, help="slow: manage.py dispatch --concurrency")
+    add("--slow-consumers", type=int, default=1, help="slow: push consumers")
+    add("--slow-max-in-flight", type=int, default=0, help="slow: maxInFlight (0: concurrency)")
+    add("--latency-rate", type=float, default=500.0, help="latency: messages/s offered")
+    add("--latency-seconds", type=float, default=20.0, help="latency: measured publishing time")
+    add("--latency-warmup", type=float, default=2.0, help="latency: publishing time not measured")
+    add("--backlog-rows", type=int, default=1_000_000, help="backlog: other queued jobs")
+    kinds = ",".join(BACKLOG_KINDS)
+    add("--backlog-kind", type=names(BACKLOG_KINDS), default="due,future", help=f"{kinds} or all")
+    add("--backlog-consumers", type=int, default=10, help="backlog: push consumers")
+    add("--backlog-dispatchers", type=int, default=1, help="backlog: dispatcher processes")
+    add("--rss-seconds", type=float, default=60.0, help="rss: publishing time (600: the target's)")
+    add("--rss-rate", type=float, default=500.0, help="rss: messages/s published")
+    add("--rss-sample-seconds", type=float, default=5.0, help="rss: sampling interval")
+    return parser.parse_args()
+
+
+RUNNERS: dict[str, Callable[[Bench], None]] = {
+    "drain": scenario_drain,
+    "celery": scenario_celery,
+    "slow": scenario_slow,
+    "latency": scenario_latency,
+    "backlog": scenario_backlog,
+    "rss": scenario_rss,
+}
+
+
+def main() -> None:
+    args = parse_arguments()
+    print(f"dispatch benchmark, {machine()}", flush=True)
+    with ExitStack() as stack:
+        database_url = stack.enter_context(fresh_database())
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-dispatch-")))
+        bench = Bench(args, database_url, logs)
+        stack.callback(bench.db.close)
+        setup_django(bench.env)
+        stack.callback(close_django_connections)
+        for name in args.scenario:
+            RUNNERS[name](bench)
+    print("\nscenario  target                                       met      figure")
+    for v in bench.verdicts:
+        print(f"{v.scenario:9} {v.target:44} {'met' if v.met else 'NOT met':8} {v.figure}")
+
+
+def close_django_connections() -> None:
+    from django.db import connections
+
+    connections.close_all()
+
+
+if __name__ == "__main__":
+    main()
