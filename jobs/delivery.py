@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -104,8 +105,6 @@ def _retry_after(response: aiohttp.ClientResponse) -> float | None:
     if raw.isascii() and raw.isdigit():
         return float(min(int(raw), MAX_RETRY_AFTER_SECONDS))
     try:
-        from email.utils import parsedate_to_datetime
-
         when = parsedate_to_datetime(raw)
     except (TypeError, ValueError):
         return None

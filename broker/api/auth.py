@@ -59,22 +59,22 @@ class AdminTokenAuthentication(BaseAuthentication):
         return 'Bearer realm="webhook-broker"'
 
 
-class IsAdminUnlessPublicStatus(BasePermission):
-    """Health and metrics: open to all by default (probes), admins only when configured so."""
+class AdminUnlessPublic(BasePermission):
+    """Open to anyone when the setting named by `public_setting` is true, else admins only."""
+
+    public_setting: str
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        return bool(broker_settings.BROKER_PUBLIC_STATUS) or IsBrokerAdmin().has_permission(
-            request, view
-        )
+        public = bool(getattr(broker_settings, self.public_setting))
+        return public or IsBrokerAdmin().has_permission(request, view)
 
 
-class IsAdminUnlessPublicMetrics(BasePermission):
-    """/metrics: admins only by default (it names every consumer), open when configured so."""
+class IsAdminUnlessPublicStatus(AdminUnlessPublic):
+    public_setting = "BROKER_PUBLIC_STATUS"  # open by default: load balancer probes
 
-    def has_permission(self, request: Request, view: Any) -> bool:
-        return bool(broker_settings.BROKER_PUBLIC_METRICS) or IsBrokerAdmin().has_permission(
-            request, view
-        )
+
+class IsAdminUnlessPublicMetrics(AdminUnlessPublic):
+    public_setting = "BROKER_PUBLIC_METRICS"  # admins by default: it names every consumer
 
 
 class IsBrokerAdmin(BasePermission):

@@ -6,12 +6,11 @@ import base64
 import re
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from rest_framework import serializers, status
 from rest_framework.request import Request
 
 from broker.api.errors import ApiError
-from broker.models import validate_resource_id
+from broker.models import is_resource_id
 
 FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
 _INTEGER = re.compile(r"\s*[+-]?[0-9]{1,18}\s*\Z")
@@ -62,12 +61,10 @@ class StakeholderForm(serializers.Serializer[Any]):
 
 
 def validate_path_id(value: str, what: str) -> str:
-    try:
-        validate_resource_id(value)
-    except ValidationError:
+    if not is_resource_id(value):
         raise ApiError(
             status.HTTP_400_BAD_REQUEST, f"Invalid {what} ID: use 1 to 255 letters, digits, _ or -."
-        ) from None
+        )
     return value
 
 
