@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import timedelta
 
 import aiohttp
 import pytest
 import time_machine
+from django.db import connection
 from django.utils import timezone
+from standardwebhooks import Webhook
 
 from broker import publish
 from consumers.models import Consumer
@@ -113,8 +116,6 @@ def test_the_request_carries_every_header_of_the_spec(channel, receiver, dispatc
 
 
 def test_signatures_verify_with_the_reference_library(channel, receiver, dispatcher):
-    from standardwebhooks import Webhook
-
     consumer = push_consumer(channel, receiver)
     publish(channel, b'{"order": 1}', producer="shop")
 
@@ -369,3 +370,65 @@ def test_the_address_guard_refuses_private_callbacks_at_delivery(
     assert receiver.received == []
     assert Job.objects.get().status == QUEUED
     assert DeliveryAttempt.objects.get().error_class == "unsafe-callback"
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_an_outcome_for_a_job_deleted_meanwhile_is_dropped(channel, receiver, dispatcher, status):
+    consumer = push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(status)
+    publish(channel, b"x", producer="shop")
+    results = send(dispatcher.claim(10))
+    consumer.delete()  # takes its jobs with it
+
+    dispatcher.complete(results)
+
+    assert not Job.objects.exists()
+    assert not DeliveryAttempt.objects.exists()
+
+
+def test_a_changed_consumer_applies_from_the_next_claim(channel, receiver, dispatcher):
+    consumer = push_consumer(channel, receiver)
+    publish(channel, b"x", producer="shop", message_id="before")
+    run_once(dispatcher)  # the dispatcher now holds the consumer, decrypted
+    consumer.callback_url = receiver.url("/moved")
+    consumer.save()
+    new_secret = consumer.rotate_signing_secret(timezone.now())
+    consumer.set_token("a-new-token")
+    consumer.save()
+    publish(channel, b"{}", producer="shop", message_id="after")
+
+    run_once(dispatcher)
+
+    assert receiver.paths() == ["/hook", "/moved"]
+    moved = receiver.received[1]
+    assert moved.headers["X-Broker-Consumer-Token"] == "a-new-token"
+    Webhook(new_secret).verify(moved.body, moved.headers)  # signed with the rotated secret
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_claims_never_hand_out_a_job_twice(channel, receiver):
+    push_consumer(channel, receiver, max_in_flight=1000)
+    for number in range(300):
+        publish(channel, b"x", producer="shop", message_id=f"m{number}")
+    claimed: list[list[int]] = []
+
+    def claim_until_empty() -> None:
+        dispatcher = Dispatcher()
+        mine: list[int] = []
+        try:
+            while batch := dispatcher.claim(7):
+                mine += [request.job_id for request in batch]
+        finally:
+            connection.close()
+        claimed.append(mine)
+
+    threads = [threading.Thread(target=claim_until_empty) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    every_claim = [job_id for mine in claimed for job_id in mine]
+    assert sorted(every_claim) == sorted(Job.objects.values_list("pk", flat=True))
+    assert Job.objects.filter(status=INFLIGHT, attempts=1).count() == 300

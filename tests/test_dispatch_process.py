@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from django.db import DatabaseError, connection
 from broker import publish
 from broker.models import Channel
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
-from jobs.states import DELIVERED
+from jobs.states import DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.receiver import Reply
 
@@ -89,6 +92,49 @@ def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(rece
     assert "stopped" in output
     assert len(receiver.received) == 51
     assert not DispatcherHeartbeat.objects.exists()
+
+
+@contextlib.contextmanager
+def unanswered_port() -> Iterator[int]:
+    """A loopback port where connections hang: its accept queue is full and never served."""
+    with contextlib.ExitStack() as stack:
+        listener = stack.enter_context(socket.socket())
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        for _ in range(4):  # more than the queue holds; later SYNs get no answer
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+        yield port
+
+
+def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(receiver):
+    channel = channel_delivering_to(receiver)
+    receiver.replies["/hook"] = Reply(200, delay=5)  # still answering when the grace ends
+    with unanswered_port() as port:
+        stuck = make_consumer(channel, "stuck")
+        stuck.callback_url = f"http://127.0.0.1:{port}/hook"  # never gets past connecting
+        stuck.save()
+        publish(channel, b"x", producer="shop")
+        process = start_dispatcher("--grace-seconds", "1")
+        try:
+            wait_until(lambda: len(receiver.received) == 1, seconds=30)
+            wait_until(lambda: Job.objects.filter(status=INFLIGHT).count() == 2, seconds=10)
+            process.send_signal(signal.SIGTERM)
+            output, _ = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+
+    assert process.returncode == 0, output
+    sent = Job.objects.get(consumer__public_id="billing")
+    assert (sent.status, sent.attempts) == (QUEUED, 1)  # it may have arrived: an attempt
+    assert sent.delivery_attempts.get().error_class == "shutdown"
+    unsent = Job.objects.get(consumer__public_id="stuck")
+    assert (unsent.status, unsent.attempts) == (QUEUED, 0)  # never sent: no attempt used
+    assert not unsent.delivery_attempts.exists()
 
 
 def test_kill_9_of_one_of_two_dispatchers_loses_nothing(receiver):
