@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
-from asgiref.sync import sync_to_async
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
@@ -73,6 +74,14 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._sent: set[int] = set()  # job IDs whose request headers are on the wire
         self._consumers: dict[int, Consumer] = {}  # decrypted, as of their changed_at
+        self._finished: list[AttemptResult] = []  # kept until recorded, across database outages
+        # Two database threads (started on first use), each with its own connection, so that
+        # recording outcomes never holds up the next claim. SQLite has one writer at a time:
+        # there one thread does both.
+        self._claimer = ThreadPoolExecutor(1, thread_name_prefix="dispatch-claim")
+        self._recorder = self._claimer
+        if connection.vendor == "postgresql":
+            self._recorder = ThreadPoolExecutor(1, thread_name_prefix="dispatch-record")
 
     # --- database steps: synchronous, one short transaction each ---------------------------
 
@@ -191,15 +200,20 @@ class Dispatcher:
 
     async def run(self) -> None:
         connector = aiohttp.TCPConnector(limit=self.config.concurrency, resolver=SafeResolver())
-        async with aiohttp.ClientSession(connector=connector) as session:
-            await self._loop(session)
+        try:
+            async with aiohttp.ClientSession(connector=connector) as session:
+                await self._loop(session)
+        finally:
+            for executor in {self._claimer, self._recorder}:
+                await asyncio.get_running_loop().run_in_executor(executor, _drop_connection)
+                executor.shutdown()
 
     async def _loop(self, session: aiohttp.ClientSession) -> None:
         in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest] = {}
-        finished: list[AttemptResult] = []  # kept until recorded, across database outages
+        recording: asyncio.Task[None] | None = None
         next_housekeeping = 0.0
         loop = asyncio.get_running_loop()
-        while not self.stopping or in_flight or finished:
+        while not self.stopping or in_flight or self._finished or _running(recording):
             try:
                 if loop.time() >= next_housekeeping and not self.stopping:
                     await self._db(self.beat, len(in_flight))
@@ -212,22 +226,34 @@ class Dispatcher:
                         task = asyncio.create_task(self._send(session, request))
                         task.add_done_callback(lambda _: self._wake.set())
                         in_flight[task] = request
-                done = [task for task in in_flight if task.done()]
-                for task in done:
-                    finished.append(task.result())
-                    del in_flight[task]
-                if finished:
-                    await self._db(self.complete, finished)
-                    finished = []
             except DatabaseDown:
                 await asyncio.sleep(self.config.poll_seconds)
                 continue
+            done = [task for task in in_flight if task.done()]
+            for task in done:
+                self._finished.append(task.result())
+                del in_flight[task]
+            if self._finished and not _running(recording):
+                recording = asyncio.create_task(self._record(self._finished))
+                recording.add_done_callback(lambda _: self._wake.set())
+                self._finished = []
             if self.stopping and in_flight:
-                await self._drain(in_flight, finished)
+                await self._drain(in_flight)
             else:
-                await self._idle(busy=bool(done) or room <= 0)
+                await self._idle(busy=bool(done))
         with contextlib.suppress(DatabaseDown):
             await self._db(self.retire)
+
+    async def _record(self, results: list[AttemptResult]) -> None:
+        """Record outcomes in the recording thread while the loop goes on claiming and sending.
+
+        Results that could not be recorded (database down) are kept for a later pass.
+        """
+        try:
+            await self._db(self.complete, results, thread=self._recorder)
+        except DatabaseDown:
+            self._finished[:0] = results
+            await asyncio.sleep(self.config.poll_seconds)
 
     async def _send(
         self, session: aiohttp.ClientSession, request: DeliveryRequest
@@ -243,19 +269,15 @@ class Dispatcher:
         return lambda: self._sent.add(request.job_id)
 
     async def _idle(self, busy: bool) -> None:
-        """Wait for a finished delivery, a NOTIFY or the poll interval."""
+        """Wait for a finished delivery or recording, a NOTIFY or the poll interval."""
         if busy:
-            await asyncio.sleep(0)  # let finished deliveries be collected right away
+            await asyncio.sleep(0)  # claim again right away: slots were just freed
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), self.config.poll_seconds)
         self._wake.clear()
 
-    async def _drain(
-        self,
-        in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest],
-        finished: list[AttemptResult],
-    ) -> None:
+    async def _drain(self, in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest]) -> None:
         """On shutdown: let deliveries finish within the grace period, then cut them off.
 
         A cut-off request whose headers went out may have reached the consumer: that counts as
@@ -263,36 +285,44 @@ class Dispatcher:
         queue without using an attempt.
         """
         done, pending = await asyncio.wait(in_flight, timeout=self.config.grace_seconds)
-        finished += [task.result() for task in done]
+        self._finished += [task.result() for task in done]
         unsent = []
         for task in pending:
             task.cancel()
             request = in_flight[task]
             if request.job_id in self._sent:
-                finished.append(_cut_off(request))
+                self._finished.append(_cut_off(request))
             else:
                 unsent.append(request.job_id)
         if unsent:
             await self._db(self.release, unsent)
         in_flight.clear()
 
-    async def _db(self, step: Callable[..., T], *args: Any) -> T:
-        """Run a database step in the one database thread.
+    async def _db(
+        self, step: Callable[..., T], *args: Any, thread: ThreadPoolExecutor | None = None
+    ) -> T:
+        """Run a database step in a database thread (the claiming one unless told).
 
         On a lost connection the connection is dropped, so that the next step reconnects, and
         DatabaseDown is raised: the loop skips that pass. Claimed jobs stay INFLIGHT until their
         lease expires; finished results stay in memory and are recorded on a later pass.
         """
+        thread = thread or self._claimer
+        loop = asyncio.get_running_loop()
         try:
-            return await sync_to_async(step, thread_sensitive=True)(*args)
+            return await loop.run_in_executor(thread, functools.partial(step, *args))
         except (OperationalError, InterfaceError) as exc:
             logger.warning("database unavailable during %s: %s", step.__name__, type(exc).__name__)
-            await sync_to_async(_drop_connection, thread_sensitive=True)()
+            await loop.run_in_executor(thread, _drop_connection)
             raise DatabaseDown from exc
 
 
 class DatabaseDown(Exception):
     pass
+
+
+def _running(task: asyncio.Task[None] | None) -> bool:
+    return task is not None and not task.done()
 
 
 def _cut_off(request: DeliveryRequest) -> AttemptResult:
