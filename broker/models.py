@@ -121,6 +121,9 @@ class Message(models.Model):
     priority = models.IntegerField(default=0)
     # Metadata headers kept from the broadcast request and replayed on delivery.
     headers = models.JSONField(default=dict, blank=True)
+    # Ordered consumers get the messages of one key one at a time, in publish order (SPEC §6.3);
+    # "" is the key of every message published without one.
+    ordering_key = models.CharField(max_length=255, blank=True, default="")
     status = models.CharField(max_length=12, choices=Status.choices)
     received_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)

@@ -64,6 +64,7 @@ class Job(models.Model):
     consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs")
     status = models.CharField(max_length=9, choices=JobStatus.choices, default=QUEUED)
     priority = models.IntegerField(default=0)  # copied from the message so claims need no join
+    ordering_key = models.CharField(max_length=255, blank=True, default="")  # copied, likewise
     # Times this job was handed out (push claim, pull take, retry of a dead job); reset on requeue.
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(
@@ -110,6 +111,13 @@ class Job(models.Model):
                 fields=["consumer", "-priority", "next_attempt_at"],
                 condition=Q(status=QUEUED),
                 name="job_consumer_due_idx",
+            ),
+            # Ordered consumers (SPEC §6.3): the head of each key is its pending job with the
+            # lowest id; the claim walks the keys of a consumer through this index.
+            models.Index(
+                fields=["consumer", "ordering_key", "id"],
+                condition=Q(status__in=[QUEUED, INFLIGHT]),
+                name="job_consumer_key_pending_idx",
             ),
             # Sweep of expired leases: INFLIGHT jobs WHERE lease_expires_at < now.
             models.Index(
