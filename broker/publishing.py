@@ -66,16 +66,20 @@ def publish(
     priority: int = 0,
     headers: Mapping[str, str] | None = None,
     content_type: str | None = None,
+    ordering_key: str | None = None,
 ) -> Message:
     """Store a message and its jobs atomically and return the message.
 
     `payload` may be bytes, text (sent as UTF-8) or a dict/list (sent as JSON); `content_type`
-    defaults accordingly. Raises a PublishError subclass, with nothing stored, for bad input, an
+    defaults accordingly. Ordered consumers receive the messages of one `ordering_key` one at a
+    time, in publish order (SPEC §6.3); messages without one share a key. Raises a PublishError subclass, with nothing stored, for bad input, an
     unknown channel or producer, or a message ID the channel already has.
     """
     body, content_type = _encode_payload(payload, content_type)
     message_id = message_id if message_id is not None else uuid.uuid4().hex
+    ordering_key = ordering_key or ""
     _validate(message_id, priority, dict(headers or {}))
+    _validate_ordering_key(ordering_key)
     message = Message(
         channel_id=channel.pk if isinstance(channel, Channel) else channel,
         producer_id=producer.pk if isinstance(producer, Producer) else producer,
@@ -84,6 +88,7 @@ def publish(
         content_type=content_type,
         priority=priority,
         headers=dict(headers or {}),
+        ordering_key=ordering_key,
         received_at=timezone.now(),
     )
     insert = _insert_postgres if connection.vendor == "postgresql" else _insert_portable
@@ -112,17 +117,18 @@ WITH channel AS (
     JOIN channel ON consumer.channel_id = channel.id
 ), message AS (
     INSERT INTO {Message._meta.db_table} (channel_id, producer_id, public_id, payload,
-        content_type, priority, headers, status, received_at, dispatched_at)
+        content_type, priority, headers, ordering_key, status, received_at, dispatched_at)
     SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(content_type)s, %(priority)s,
-        %(headers)s::jsonb,
+        %(headers)s::jsonb, %(ordering_key)s,
         CASE WHEN EXISTS (SELECT FROM consumers) THEN %(dispatched)s ELSE %(acknowledged)s END,
         %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END
     FROM channel, producer
     RETURNING id, status, dispatched_at
 ), jobs AS (
-    INSERT INTO {Job._meta.db_table} (message_id, consumer_id, status, priority, attempts,
-        next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
-    SELECT message.id, consumers.id, %(queued)s, %(priority)s, 0, %(now)s, 0, '', %(now)s, %(now)s
+    INSERT INTO {Job._meta.db_table} (message_id, consumer_id, status, priority, ordering_key,
+        attempts, next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
+    SELECT message.id, consumers.id, %(queued)s, %(priority)s, %(ordering_key)s, 0, %(now)s, 0, '',
+        %(now)s, %(now)s
     FROM message, consumers
 )
 SELECT message.id, message.status, message.dispatched_at,
@@ -142,6 +148,7 @@ def _insert_postgres(message: Message) -> None:
         "content_type": message.content_type,
         "priority": message.priority,
         "headers": json.dumps(message.headers),
+        "ordering_key": message.ordering_key,
         "now": message.received_at,
         "dispatched": Message.Status.DISPATCHED.value,
         "acknowledged": Message.Status.ACKNOWLEDGED.value,
@@ -180,6 +187,7 @@ def _insert_portable(message: Message) -> None:
                 message=message,
                 consumer_id=consumer_id,
                 priority=message.priority,
+                ordering_key=message.ordering_key,
                 next_attempt_at=now,
                 created_at=now,
                 status_changed_at=now,
@@ -220,6 +228,11 @@ def _validate(message_id: str, priority: int, headers: dict[str, str]) -> None:
     if not INT32_MIN <= priority <= INT32_MAX:
         raise InvalidMessage("The priority must fit in a signed 32-bit integer.")
     _validate_headers(headers)
+
+
+def _validate_ordering_key(key: str) -> None:
+    if not isinstance(key, str) or len(key) > 255 or _UNSAFE_HEADER_VALUE.search(key):
+        raise InvalidMessage("The ordering key must be text of at most 255 characters.")
 
 
 def _validate_headers(headers: dict[str, str]) -> None:

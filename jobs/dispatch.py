@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,8 +29,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
-from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import Count, F
+from django.db import InterfaceError, OperationalError, connection, models, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q
 from django.utils import timezone
 
 import broker
@@ -37,6 +38,7 @@ from broker.conf import broker_settings
 from broker.models import Message
 from consumers.models import Consumer
 from consumers.safety import SafeResolver
+from jobs import circuit
 from jobs.delivery import AttemptResult, DeliveryRequest, deliver
 from jobs.leases import sweep_expired_leases
 from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
@@ -124,7 +126,8 @@ class Dispatcher:
         failed = [r for r in results if outcomes[r.job_id].verdict is not Verdict.DELIVERED]
         with transaction.atomic():
             _record_deliveries(delivered, self.config.dispatcher_id, now)
-            self._record_failures(failed, outcomes)
+            answered = {r.consumer_id for r in delivered}
+            self._record_failures(failed, outcomes, now, answered)
         for result in results:
             DELIVERY_SECONDS.observe(result.duration_ms / 1000)
         for outcome in outcomes.values():
@@ -138,11 +141,19 @@ class Dispatcher:
             self._consumers.update(Consumer.objects.in_bulk([consumer_id]))
         return self._consumers.get(consumer_id) or Consumer()  # deleted: global defaults
 
-    def _record_failures(self, failed: list[AttemptResult], outcomes: dict[int, Outcome]) -> None:
-        """Failed attempts: a row each, then each job QUEUED at its own due time, or DEAD.
+    def _record_failures(
+        self,
+        failed: list[AttemptResult],
+        outcomes: dict[int, Outcome],
+        now: datetime,
+        answered: set[int],
+    ) -> None:
+        """Failed attempts: a row each, the circuits of consumers that gave no usable answer,
+        then each job QUEUED at its own due time, or DEAD.
 
         The jobs are locked first, so that one deleted meanwhile (with its consumer) is skipped
-        rather than given an attempt row that points nowhere.
+        rather than given an attempt row that points nowhere. Consumers in `answered` gave a 2xx
+        in the same batch: they are up, so their failures do not count towards their circuits.
         """
         if not failed:
             return
@@ -155,8 +166,20 @@ class Dispatcher:
         DeliveryAttempt.objects.bulk_create(
             _attempt_row(result, self.config.dispatcher_id) for result in failed
         )
+        unavailable = Counter(
+            r.consumer_id
+            for r in failed
+            if outcomes[r.job_id].unavailable and r.consumer_id not in answered
+        )
+        reopened = circuit.record_unavailable(unavailable, now)
         for result in failed:
-            _apply(result, outcomes[result.job_id])
+            outcome = outcomes[result.job_id]
+            if outcome.unavailable and result.consumer_id in reopened:
+                # A failed probe uses no attempt; it waits for the circuit to half-open again.
+                outcome = Outcome(
+                    Verdict.RETRY, outcome.reason, reopened[result.consumer_id], refund=True
+                )
+            _apply(result, outcome)
 
     def release(self, job_ids: Iterable[int]) -> int:
         """Give claimed jobs that were never sent back to the queue, without using an attempt."""
@@ -393,51 +416,88 @@ _MESSAGE = Message._meta.db_table
 _CONSUMER = Consumer._meta.db_table
 
 # The claim on PostgreSQL, one statement and one round trip (SPEC §11):
-# - room: each receiving push consumer's free in-flight slots (counted on the INFLIGHT index);
-# - candidate: per consumer, its best due jobs up to its room (an index scan each, no locks), then
-#   the best overall. Twice the batch is read, so that rows a concurrent dispatcher holds can be
-#   skipped without coming back short;
+# - room: each push consumer's free in-flight slots (counted on the INFLIGHT index), for those
+#   that are not paused and whose circuit is closed, or half-open (then one probe at a time);
+# - due: per consumer, its best due jobs up to its room, read from an index without locks. For an
+#   ordered consumer (§6.3) only the head of each key qualifies: the key's pending (QUEUED or
+#   INFLIGHT) job with the lowest id, when it is QUEUED and due. The heads are found by walking
+#   the consumer's keys through job_consumer_key_pending_idx, one index probe per key, so the
+#   cost grows with the number of keys with pending jobs, not with the backlog behind them;
+# - candidate: the best of those overall. Twice the batch is read, so that rows a concurrent
+#   dispatcher holds can be skipped without coming back short;
 # - taken: those rows locked, skipping any already locked, up to the batch size;
 # - the UPDATE moves them to INFLIGHT with a lease, counts the attempt and returns the request data.
-# A consumer's cap holds per claim; claims of several dispatchers at the same moment can each fill
-# the same room (docs/dispatcher.md).
+# Statuses and other code constants are literals, so that PostgreSQL matches the partial indexes
+# even with a generic plan. A consumer's cap holds per claim; claims of several dispatchers at the
+# same moment can each fill the same room (docs/dispatcher.md).
+_PENDING = f"('{QUEUED.value}', '{INFLIGHT.value}')"
 _CLAIM_SQL = f"""
 WITH room AS (
-    SELECT c.id, coalesce(c.max_in_flight, %(default_cap)s) - (
-        SELECT count(*) FROM {_JOB} f WHERE f.consumer_id = c.id AND f.status = %(inflight)s
-    ) AS free
+    SELECT c.id, c.ordering = '{Consumer.Ordering.ORDERED.value}' AS ordered,
+        CASE WHEN c.circuit_open_until IS NULL
+            THEN coalesce(c.max_in_flight, %(default_cap)s) ELSE 1 END
+        - (SELECT count(*) FROM {_JOB} f
+           WHERE f.consumer_id = c.id AND f.status = '{INFLIGHT.value}') AS free
     FROM {_CONSUMER} c
-    WHERE c.type = %(push)s AND NOT c.paused
+    WHERE c.type = '{Consumer.Type.PUSH.value}' AND NOT c.paused
+        AND (c.circuit_open_until IS NULL OR c.circuit_open_until <= %(now)s)
 ),
-candidate AS (
-    SELECT due.id, due.priority, due.next_attempt_at
+due AS (
+    SELECT next.id, next.priority, next.next_attempt_at
     FROM room CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.next_attempt_at
         FROM {_JOB} j
-        WHERE j.consumer_id = room.id AND j.status = %(queued)s AND j.next_attempt_at <= %(now)s
+        WHERE j.consumer_id = room.id AND j.status = '{QUEUED.value}'
+            AND j.next_attempt_at <= %(now)s
         ORDER BY j.priority DESC, j.next_attempt_at
         LIMIT least(room.free, %(candidates)s)
-    ) due
-    WHERE room.free > 0
-    ORDER BY due.priority DESC, due.next_attempt_at
-    LIMIT %(candidates)s
+    ) next
+    WHERE room.free > 0 AND NOT room.ordered
+    UNION ALL
+    SELECT head.id, head.priority, head.next_attempt_at
+    FROM room CROSS JOIN LATERAL (
+        WITH RECURSIVE key_head AS (
+            (SELECT j.ordering_key, j.id, j.status, j.priority, j.next_attempt_at
+             FROM {_JOB} j
+             WHERE j.consumer_id = room.id AND j.status IN {_PENDING}
+             ORDER BY j.ordering_key, j.id LIMIT 1)
+            UNION ALL
+            SELECT next_key.*
+            FROM key_head CROSS JOIN LATERAL (
+                SELECT j.ordering_key, j.id, j.status, j.priority, j.next_attempt_at
+                FROM {_JOB} j
+                WHERE j.consumer_id = room.id AND j.status IN {_PENDING}
+                    AND j.ordering_key > key_head.ordering_key
+                ORDER BY j.ordering_key, j.id LIMIT 1
+            ) next_key
+        )
+        SELECT id, priority, next_attempt_at FROM key_head
+        WHERE status = '{QUEUED.value}' AND next_attempt_at <= %(now)s
+        ORDER BY priority DESC, next_attempt_at
+        LIMIT least(room.free, %(candidates)s)
+    ) head
+    WHERE room.free > 0 AND room.ordered
+),
+candidate AS (
+    SELECT * FROM due ORDER BY priority DESC, next_attempt_at LIMIT %(candidates)s
 ),
 taken AS MATERIALIZED (
     SELECT j.id
     FROM {_JOB} j JOIN candidate ON candidate.id = j.id
-    WHERE j.status = %(queued)s
+    WHERE j.status = '{QUEUED.value}'
     ORDER BY candidate.priority DESC, candidate.next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE {_JOB} j
-SET status = %(inflight)s, status_changed_at = %(now)s, attempts = j.attempts + 1,
+SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attempts + 1,
     lease_expires_at = %(lease_until)s
 FROM taken, {_MESSAGE} m, {_CONSUMER} c
-WHERE j.id = taken.id AND j.status = %(queued)s AND m.id = j.message_id AND c.id = j.consumer_id
+WHERE j.id = taken.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
+    AND c.id = j.consumer_id
 RETURNING j.id, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at,
     m.public_id, m.payload, m.content_type, m.priority, m.headers
-"""  # noqa: S608 (table names from model metadata; every value a parameter)
+"""  # noqa: S608 (table names and constants from code; every value a parameter)
 
 
 def _claim_in_one_statement(limit: int, now: datetime) -> list[ClaimedJob]:
@@ -446,9 +506,6 @@ def _claim_in_one_statement(limit: int, now: datetime) -> list[ClaimedJob]:
             _CLAIM_SQL,
             {
                 "default_cap": DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER,
-                "push": Consumer.Type.PUSH.value,
-                "queued": QUEUED.value,
-                "inflight": INFLIGHT.value,
                 "now": now,
                 "lease_until": now + _lease(),
                 "limit": limit,
@@ -489,34 +546,52 @@ def _due_job_ids(limit: int, now: datetime) -> list[int]:
     being scanned or from taking every slot.
     """
     candidates: list[tuple[int, datetime, int]] = []
-    for consumer_id, room in _consumer_room().items():
-        candidates += (
-            Job.objects.filter(consumer_id=consumer_id, status=QUEUED, next_attempt_at__lte=now)
-            .order_by("-priority", "next_attempt_at")
-            .values_list("priority", "next_attempt_at", "pk")[: min(room, limit)]
-        )
+    for consumer, room in _consumer_room(now).items():
+        due = Job.objects.filter(consumer_id=consumer.pk, status=QUEUED, next_attempt_at__lte=now)
+        if consumer.ordering == Consumer.Ordering.ORDERED:
+            due = due.exclude(Exists(_earlier_pending_job()))
+        candidates += due.order_by("-priority", "next_attempt_at").values_list(
+            "priority", "next_attempt_at", "pk"
+        )[: min(room, limit)]
     candidates.sort(key=lambda row: (-row[0], row[1]))
     return [pk for _, _, pk in candidates[:limit]]
 
 
-def _consumer_room() -> dict[int, int]:
-    """How many more jobs each receiving push consumer may have in flight."""
-    caps = dict(
-        Consumer.objects.filter(type=Consumer.Type.PUSH, paused=False).values_list(
-            "pk", "max_in_flight"
-        )
+def _earlier_pending_job() -> models.QuerySet[Job]:
+    """For an ordered consumer's job: a job of the same key ahead of it and not finished yet."""
+    return Job.objects.filter(
+        consumer_id=OuterRef("consumer_id"),
+        ordering_key=OuterRef("ordering_key"),
+        pk__lt=OuterRef("pk"),
+        status__in=[QUEUED, INFLIGHT],
+    )
+
+
+def _consumer_room(now: datetime) -> dict[Consumer, int]:
+    """How many more jobs each push consumer that may receive can have in flight.
+
+    A consumer whose circuit is open receives nothing; a half-open one gets one probe.
+    """
+    consumers = Consumer.objects.filter(type=Consumer.Type.PUSH, paused=False).filter(
+        Q(circuit_open_until__isnull=True) | Q(circuit_open_until__lte=now)
     )
     in_flight = dict(
-        Job.objects.filter(status=INFLIGHT, consumer_id__in=caps)
+        Job.objects.filter(status=INFLIGHT, consumer__in=consumers)
         .values("consumer")
         .annotate(n=Count("pk"))
         .values_list("consumer", "n")
     )
     room = {
-        pk: (cap or DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER) - in_flight.get(pk, 0)
-        for pk, cap in caps.items()
+        consumer: _cap(consumer) - in_flight.get(consumer.pk, 0)
+        for consumer in consumers.only("ordering", "max_in_flight", "circuit_open_until")
     }
-    return {pk: free for pk, free in room.items() if free > 0}
+    return {consumer: free for consumer, free in room.items() if free > 0}
+
+
+def _cap(consumer: Consumer) -> int:
+    if consumer.circuit_open_until is not None:  # half-open: one probe at a time
+        return 1
+    return consumer.max_in_flight or DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER
 
 
 def _apply(result: AttemptResult, outcome: Outcome) -> None:
@@ -529,6 +604,7 @@ def _apply(result: AttemptResult, outcome: Outcome) -> None:
             next_attempt_at=outcome.due_at,
             lease_expires_at=None,
             last_error=outcome.reason,
+            attempts=F("attempts") - 1 if outcome.refund else F("attempts"),
         )
     elif outcome.verdict is Verdict.DEAD:
         jobs.transition(INFLIGHT, DEAD, lease_expires_at=None, last_error=outcome.reason)
@@ -582,6 +658,7 @@ _RECORD_DELIVERIES_SQL = f"""
 WITH present AS MATERIALIZED (
     SELECT id FROM {_JOB} WHERE id = ANY(%(jobs)s::bigint[]) FOR KEY SHARE
 ),
+closed AS ({circuit.CLOSE_CIRCUITS_SQL}),
 moved AS (
     UPDATE {_JOB}
     SET status = %(delivered)s, status_changed_at = %(now)s, lease_expires_at = NULL,
@@ -612,6 +689,7 @@ def _record_deliveries(results: list[AttemptResult], dispatcher_id: str, now: da
         Job.objects.filter(pk__in=present).transition(
             INFLIGHT, DELIVERED, lease_expires_at=None, last_error=""
         )
+        circuit.close_circuits({r.consumer_id for r in results})
         return
     with connection.cursor() as cursor:
         cursor.execute(
@@ -619,6 +697,7 @@ def _record_deliveries(results: list[AttemptResult], dispatcher_id: str, now: da
             {
                 "dispatcher": dispatcher_id,
                 "jobs": [r.job_id for r in results],
+                "consumers": list({r.consumer_id for r in results}),
                 "attempts": [r.attempt for r in results],
                 "started": [r.started_at for r in results],
                 "durations": [r.duration_ms for r in results],

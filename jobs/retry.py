@@ -24,6 +24,10 @@ class Outcome:
     reason: str = ""
     due_at: datetime | None = None  # RETRY: not before this
     pause_consumer: bool = False  # 410 Gone: the consumer asked to stop receiving
+    # No usable answer (timeout, connection error, a retryable status): counts towards opening
+    # the consumer's circuit (SPEC §6.4). A status the consumer chose to send as final does not.
+    unavailable: bool = False
+    refund: bool = False  # RETRY without using up the attempt (a circuit's failed probe)
 
 
 def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
@@ -34,13 +38,16 @@ def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
         return Outcome(Verdict.DEAD, "HTTP 410 Gone: consumer paused", pause_consumer=True)
     if result.status_code in (consumer.non_retryable_statuses or []):
         return Outcome(Verdict.DEAD, f"HTTP {result.status_code} is not retryable")
+    unavailable = result.error_class != "shutdown"  # we cut it off, not the consumer
     delays = consumer.retry_delays_in_effect
     if result.attempt > len(delays):
-        return Outcome(Verdict.DEAD, f"{result.error}; all {result.attempt} attempts used")
+        reason = f"{result.error}; all {result.attempt} attempts used"
+        return Outcome(Verdict.DEAD, reason, unavailable=unavailable)
     delay = jittered(delays[result.attempt - 1], broker_settings.BROKER_RETRY_JITTER)
     if result.retry_after is not None:
         delay = max(delay, result.retry_after)
-    return Outcome(Verdict.RETRY, result.error, due_at=now + timedelta(seconds=delay))
+    due_at = now + timedelta(seconds=delay)
+    return Outcome(Verdict.RETRY, result.error, due_at=due_at, unavailable=unavailable)
 
 
 def jittered(seconds: float, jitter: float, rng: random.Random | None = None) -> float:

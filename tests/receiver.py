@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ class Receiver:
 
     def __init__(self) -> None:
         self.replies: dict[str, Reply] = {}
+        # Decides per request when set (None: fall back to `replies`); runs on the receiver's loop.
+        self.rule: Callable[[Received], Reply | None] | None = None
         self.received: list[Received] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -65,8 +68,9 @@ class Receiver:
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
-        self.received.append(Received(request.path, dict(request.headers), body))
-        reply = self.replies.get(request.path, Reply())
+        received = Received(request.path, dict(request.headers), body)
+        self.received.append(received)
+        reply = (self.rule and self.rule(received)) or self.replies.get(request.path, Reply())
         if reply.delay:
             await asyncio.sleep(reply.delay)
         return web.Response(status=reply.status, headers=reply.headers, body=reply.body)

@@ -168,3 +168,19 @@ def test_nul_bytes_never_reach_the_database(client):
     assert (in_path.status_code, in_header.status_code) == (404, 401)
     assert in_path.json()["Error"]
     assert not Message.objects.exists()
+
+
+def test_the_ordering_key_header_is_kept_on_the_message_and_its_jobs(client):
+    response = broadcast(client, **{"X-Broker-Ordering-Key": "customer-7"})
+
+    assert response.status_code == 201
+    assert Message.objects.get().ordering_key == "customer-7"
+    assert set(Job.objects.values_list("ordering_key", flat=True)) == {"customer-7"}
+
+
+@pytest.mark.parametrize("key", ["k" * 256, "line\nbreak"])
+def test_a_malformed_ordering_key_is_refused(client, key):
+    response = broadcast(client, **{"X-Broker-Ordering-Key": key})
+
+    assert response.status_code == 400
+    assert not Message.objects.exists()

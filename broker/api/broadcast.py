@@ -30,6 +30,7 @@ HEADERS = [
     ("X-Broker-Message-ID", False, "unique per channel; generated when absent"),
     ("X-Broker-Message-Priority", False, "integer, higher first (default 0)"),
     ("X-Broker-Metadata-Headers", False, "comma-separated names of headers to keep and replay"),
+    ("X-Broker-Ordering-Key", False, "ordered consumers get one key's messages in order"),
 ]
 
 
@@ -71,6 +72,7 @@ class BroadcastView(APIView):
             priority=_priority(request),
             headers=_metadata_headers(request),
             content_type=request.headers.get("Content-Type") or DEFAULT_CONTENT_TYPE,
+            ordering_key=request.headers.get("X-Broker-Ordering-Key", "").strip(),
         )
         location = f"/channel/{channel_id}/message/{message.public_id}"
         return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
