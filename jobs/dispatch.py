@@ -29,8 +29,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
-from django.db import InterfaceError, OperationalError, connection, models, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 import broker
@@ -549,22 +549,12 @@ def _due_job_ids(limit: int, now: datetime) -> list[int]:
     for consumer, room in _consumer_room(now).items():
         due = Job.objects.filter(consumer_id=consumer.pk, status=QUEUED, next_attempt_at__lte=now)
         if consumer.ordering == Consumer.Ordering.ORDERED:
-            due = due.exclude(Exists(_earlier_pending_job()))
+            due = due.heads_of_their_keys()
         candidates += due.order_by("-priority", "next_attempt_at").values_list(
             "priority", "next_attempt_at", "pk"
         )[: min(room, limit)]
     candidates.sort(key=lambda row: (-row[0], row[1]))
     return [pk for _, _, pk in candidates[:limit]]
-
-
-def _earlier_pending_job() -> models.QuerySet[Job]:
-    """For an ordered consumer's job: a job of the same key ahead of it and not finished yet."""
-    return Job.objects.filter(
-        consumer_id=OuterRef("consumer_id"),
-        ordering_key=OuterRef("ordering_key"),
-        pk__lt=OuterRef("pk"),
-        status__in=[QUEUED, INFLIGHT],
-    )
 
 
 def _consumer_room(now: datetime) -> dict[Consumer, int]:

@@ -53,12 +53,15 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int) -> list[J
 
     SKIP LOCKED lets competing workers take different jobs instead of waiting on each other; the
     conditional transition guarantees that no job is handed out twice even without it (SQLite).
+    An ordered consumer gets only the head of each ordering key, as push consumers do.
     """
     now = timezone.now()
+    due = Job.objects.filter(consumer=consumer, status=QUEUED, next_attempt_at__lte=now)
+    if consumer.ordering == Consumer.Ordering.ORDERED:
+        due = due.heads_of_their_keys()
     with transaction.atomic():
         candidates = (
-            Job.objects.select_for_update(skip_locked=True)
-            .filter(consumer=consumer, status=QUEUED, next_attempt_at__lte=now)
+            due.select_for_update(skip_locked=True)
             .order_by("-priority", "pk")
             .values_list("pk", flat=True)[:limit]
         )

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from broker.conf import broker_settings
@@ -48,6 +48,17 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def requeue_dead(self) -> int:
         return self.transition(DEAD, QUEUED, **_requeue_changes())
+
+    def heads_of_their_keys(self) -> JobQuerySet:
+        """Only jobs with no earlier pending (QUEUED or INFLIGHT) job of the same consumer and
+        ordering key: what an ordered consumer may be handed (SPEC §6.3)."""
+        earlier_pending = Job.objects.filter(
+            consumer_id=OuterRef("consumer_id"),
+            ordering_key=OuterRef("ordering_key"),
+            pk__lt=OuterRef("pk"),
+            status__in=[QUEUED, INFLIGHT],
+        )
+        return self.exclude(Exists(earlier_pending))
 
 
 def _requeue_changes() -> dict[str, Any]:

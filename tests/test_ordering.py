@@ -158,3 +158,19 @@ def test_two_dispatchers_never_deliver_a_key_out_of_order(receiver):
     assert arrivals["a"] == [0] * tries_of_the_head + list(range(1, 30))
     assert arrivals["b"] == list(range(30))
     assert arrivals["c"] == list(range(30))
+
+
+def test_an_ordered_pull_consumer_claims_only_heads(channel):
+    from jobs.leases import claim_for_pull
+
+    consumer = make_consumer(channel, "puller", type=Consumer.Type.PULL)
+    consumer.ordering = Consumer.Ordering.ORDERED
+    consumer.save()
+    for message_id, key in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
+        publish(channel, b"x", producer="shop", message_id=message_id, ordering_key=key)
+
+    first = claim_for_pull(consumer, limit=10, lease_seconds=30)
+    assert sorted(job.message.public_id for job in first) == ["a1", "b1"]
+    assert claim_for_pull(consumer, limit=10, lease_seconds=30) == []
+    next(job for job in first if job.message.public_id == "a1").mark_delivered()
+    assert [job.message.public_id for job in claim_for_pull(consumer, 10, 30)] == ["a2"]
