@@ -72,8 +72,9 @@ def publish(
 
     `payload` may be bytes, text (sent as UTF-8) or a dict/list (sent as JSON); `content_type`
     defaults accordingly. Ordered consumers receive the messages of one `ordering_key` one at a
-    time, in publish order (SPEC §6.3); messages without one share a key. Raises a PublishError subclass, with nothing stored, for bad input, an
-    unknown channel or producer, or a message ID the channel already has.
+    time, in publish order (SPEC §6.3); messages without one share a key. Raises a PublishError
+    subclass, with nothing stored, for bad input, an unknown channel or producer, or a message ID
+    the channel already has.
     """
     body, content_type = _encode_payload(payload, content_type)
     message_id = message_id if message_id is not None else uuid.uuid4().hex
