@@ -16,7 +16,14 @@ from broker.api.stakeholders import (
     ProducerDetailView,
     ProducerListView,
 )
-from consumers.api import ConsumerDetailView, ConsumerListView, SigningSecretView
+from consumers.api import (
+    CloseCircuitView,
+    ConsumerDetailView,
+    ConsumerListView,
+    PauseConsumerView,
+    ResumeConsumerView,
+    SigningSecretView,
+)
 from jobs.api.dlq import DeadLetterQueueView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
 from jobs.api.summaries import DlqStatusView, JobStatusView
@@ -57,6 +64,9 @@ urlpatterns = [
     path(f"{CONSUMER}/job/<key:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
     path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),
     path(f"{CONSUMER}/secret", SigningSecretView.as_view()),
+    path(f"{CONSUMER}/pause", PauseConsumerView.as_view()),
+    path(f"{CONSUMER}/resume", ResumeConsumerView.as_view()),
+    path(f"{CONSUMER}/circuit/close", CloseCircuitView.as_view()),
     path("dlq-status", DlqStatusView.as_view()),
     path("metrics", MetricsView.as_view()),
     path("job-status", JobStatusView.as_view()),

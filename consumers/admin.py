@@ -1,15 +1,66 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
 
+from consumers.api import set_paused
 from consumers.models import Consumer
 
 
 @admin.register(Consumer)
 class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["public_id", "channel", "type", "callback_url", "paused", "changed_at"]
+    list_display = [
+        "public_id",
+        "channel",
+        "type",
+        "callback_url",
+        "paused",
+        "circuit",
+        "circuit_failures",
+        "changed_at",
+    ]
     list_filter = ["type", "paused", "channel"]
     search_fields = ["public_id", "name", "callback_url"]
     # The token is encrypted at rest and never shown in list or form views.
     exclude = ["token"]
-    readonly_fields = ["created_at", "changed_at"]
+    # The circuit is the dispatcher's to change (and the "close circuit" action's), not the form's.
+    readonly_fields = [
+        "created_at",
+        "changed_at",
+        "circuit_failures",
+        "circuit_open_until",
+        "circuit_cooldown_seconds",
+    ]
+    actions = ["pause", "resume", "close_circuit"]
+
+    @admin.display(description="circuit")
+    def circuit(self, consumer: Consumer) -> str:
+        return consumer.circuit_state(timezone.now())
+
+    @admin.action(description="Pause delivery to the selected consumers")
+    def pause(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
+        self._set_paused(request, queryset, paused=True)
+
+    @admin.action(description="Resume delivery to the selected consumers")
+    def resume(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
+        self._set_paused(request, queryset, paused=False)
+
+    @admin.action(description="Close the circuit of the selected consumers")
+    def close_circuit(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
+        for consumer in queryset:
+            consumer.close_circuit()
+        messages.success(request, f"Closed the circuit of {len(queryset)} consumer(s).")
+
+    @staticmethod
+    def _set_paused(request: HttpRequest, queryset: QuerySet[Consumer], *, paused: bool) -> None:
+        # Locked as in the API, so a concurrent consumer PUT cannot write back the old value.
+        with transaction.atomic():
+            # of=self: the changelist's queryset joins the channel, whose row needs no lock.
+            consumers = list(queryset.select_for_update(of=("self",)))
+            for consumer in consumers:
+                set_paused(consumer, paused)
+        verb = "Paused" if paused else "Resumed"
+        messages.success(request, f"{verb} {len(consumers)} consumer(s).")

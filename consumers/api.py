@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -32,6 +32,7 @@ from consumers.safety import UnsafeCallback, check_callback_url
 from jobs.signing import InvalidSecret, decode_secret
 
 MAX_RETRIES = 50
+CIRCUIT_STATES = ["closed", "open", "half-open"]  # Consumer.circuit_state
 
 
 def consumer_url(consumer: Consumer) -> str:
@@ -52,9 +53,19 @@ class ConsumerSerializer(StakeholderSerializer):
         source="non_retryable_statuses", child=serializers.IntegerField()
     )
     MaxInFlight = serializers.IntegerField(source="max_in_flight", allow_null=True)
+    # The circuit breaker (SPEC §6.4), as the dispatcher left it; changed only by …/circuit/close.
+    CircuitState = serializers.SerializerMethodField()
+    CircuitOpenUntil = serializers.DateTimeField(
+        source="circuit_open_until", allow_null=True, read_only=True
+    )
+    ConsecutiveFailures = serializers.IntegerField(source="circuit_failures", read_only=True)
 
     def get_DeadLetterQueueURL(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
         return f"{consumer_url(consumer)}/dlq"
+
+    @extend_schema_field(serializers.ChoiceField(choices=CIRCUIT_STATES))
+    def get_CircuitState(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
+        return consumer.circuit_state(timezone.now())
 
 
 def _int_list(value: str, *, low: int, high: int, what: str) -> list[int]:
@@ -183,6 +194,68 @@ class ConsumerDetailView(APIView):
                 setattr(consumer, attribute, form[field])
         if "signingSecret" in form:
             consumer.replace_signing_secret(form["signingSecret"])
+
+
+CONSUMER_AS_NOW = OpenApiResponse(ConsumerSerializer, description="the consumer, after the change")
+
+
+def set_paused(consumer: Consumer, paused: bool) -> None:
+    """Pause or resume delivery (SPEC §6.6); callers lock the consumer's row first, so that
+    ChangedAt moves past the latest change.
+
+    Saving moves ChangedAt, so dispatchers reload the consumer; a request that changes nothing
+    (pausing a paused consumer) saves nothing and keeps Last-Modified valid for clients.
+    """
+    if consumer.paused == paused:
+        return
+    consumer.paused = paused
+    # Only these columns: the rest of the instance may be older than the row (the dispatcher
+    # writes the circuit columns at any moment, without a lock when it closes a circuit).
+    consumer.save(update_fields=["paused", "changed_at"])
+
+
+class PauseConsumerView(APIView):
+    """Pause delivery: jobs keep accumulating, none is attempted or handed out until resumed.
+
+    Push deliveries already in flight finish; pull consumers' INFLIGHT jobs can still be
+    reported DELIVERED or DEAD. Pausing a paused consumer is a 202 that changes nothing.
+    """
+
+    paused = True
+
+    @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        with transaction.atomic():
+            consumer = get_object_or_404(
+                Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
+            )
+            set_paused(consumer, self.paused)
+        return _accepted(consumer)
+
+
+class ResumeConsumerView(PauseConsumerView):
+    """Resume delivery of a paused consumer; resuming one that is not paused changes nothing."""
+
+    paused = False
+
+
+class CloseCircuitView(APIView):
+    """Close the consumer's circuit now (SPEC §6.4): delivery resumes with the next claim.
+
+    Resets ConsecutiveFailures and the cooldown; ChangedAt does not move, as for every circuit
+    change (they are delivery activity, not settings). A closed circuit stays closed.
+    """
+
+    @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+        consumer.close_circuit()
+        return _accepted(consumer)
+
+
+def _accepted(consumer: Consumer) -> Response:
+    response = Response(ConsumerSerializer(consumer).data, status=status.HTTP_202_ACCEPTED)
+    return with_last_modified(response, consumer.changed_at)
 
 
 class SigningSecretSerializer(serializers.Serializer[Any]):

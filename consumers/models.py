@@ -16,6 +16,7 @@ from broker.tokens import generate_token, secrets_equal
 
 validate_callback_url = URLValidator(schemes=["http", "https"])
 SIGNING_FIELDS = ["signing_secret", "previous_signing_secret", "previous_secret_expires_at"]
+CIRCUIT_FIELDS = ["circuit_failures", "circuit_open_until", "circuit_cooldown_seconds"]
 
 
 def generate_signing_secret() -> str:

@@ -21,11 +21,10 @@ from datetime import datetime, timedelta
 from django.db.models import F
 
 from broker.conf import broker_settings
-from consumers.models import Consumer
+from consumers.models import CIRCUIT_FIELDS, Consumer
 
 logger = logging.getLogger(__name__)
 MAX_COOLDOWN_SECONDS = 3600
-CIRCUIT_FIELDS = ["circuit_failures", "circuit_open_until", "circuit_cooldown_seconds"]
 
 
 def record_unavailable(failures: Counter[int], now: datetime) -> dict[int, datetime]:

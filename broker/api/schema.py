@@ -13,7 +13,7 @@ ERROR_STATUSES = {
     "401": "missing or unknown credentials",
     "403": "wrong credentials",
     "404": "unknown resource",
-    "409": "conflict (duplicate message ID)",
+    "409": "conflict (duplicate message ID, consumer paused)",
     "412": "precondition failed (If-Unmodified-Since, consumer type)",
     "413": "payload too large",
     "415": "unsupported media type",

@@ -1,4 +1,10 @@
-"""Pull consumers drive their jobs' state machine over REST (SPEC §4, webhook-broker's pull API)."""
+"""Pull consumers drive their jobs' state machine over REST (SPEC §4, webhook-broker's pull API).
+
+A paused pull consumer (SPEC §6.6) is handed nothing: queued-jobs lists no jobs, claim takes none
+and a job cannot be moved to INFLIGHT (409). Jobs already INFLIGHT can still be reported, so work
+a worker holds is not lost by pausing. A request already past its pause check when the pause lands
+completes, as a push delivery in flight does.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +20,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
-from broker.api.serializers import parse_int
+from broker.api.serializers import ErrorSerializer, parse_int
 from broker.conf import broker_settings
+from consumers.models import Consumer
 from jobs.api.access import authorized_consumer, consumer_job
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
 from jobs.leases import claim_for_pull, sweep_expired_leases
 from jobs.models import Job, delete_jobs
-from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, TransitionConflict
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, TransitionConflict, check_transition
 
 DEFAULT_LIMIT, MAX_LIMIT = 25, 100
 MAX_INCREMENTAL_TIMEOUT = 86400
@@ -63,6 +70,8 @@ class QueuedJobsView(TokenView):
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
         limit = _bounded_int(request.query_params.get("limit"), "limit", DEFAULT_LIMIT, MAX_LIMIT)
         sweep_expired_leases()
+        if consumer.paused:
+            return Response({"Result": []})
         jobs = (
             Job.objects.filter(consumer=consumer, status=QUEUED)
             .select_related("message")
@@ -96,12 +105,18 @@ class ClaimView(TokenView):
         )
         deadline = time.monotonic() + form.validated_data.get("wait", 0)
         sweep_expired_leases()
-        jobs = claim_for_pull(consumer, limit, lease) if limit else []
-        # Long poll: hold the request until jobs arrive or `wait` runs out.
+        jobs = _claim_unless_paused(consumer, limit, lease) if limit else []
+        # Long poll: hold the request until jobs arrive or `wait` runs out. A paused consumer
+        # waits too, so its workers do not spin, and gets jobs if it is resumed meanwhile.
         while limit and not jobs and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL_SECONDS)
-            jobs = claim_for_pull(consumer, limit, lease)
+            consumer.refresh_from_db(fields=["paused"])
+            jobs = _claim_unless_paused(consumer, limit, lease)
         return Response(QueuedJobsSerializer({"Result": jobs}).data)
+
+
+def _claim_unless_paused(consumer: Consumer, limit: int, lease: int) -> list[Job]:
+    return [] if consumer.paused else claim_for_pull(consumer, limit, lease)
 
 
 class TransitionRequest(serializers.Serializer[Any]):
@@ -121,7 +136,12 @@ class JobView(TokenView):
     @extend_schema(
         parameters=TOKEN_HEADERS,
         request={"application/json": TransitionRequest},
-        responses={202: OpenApiResponse(description="moved, or already in that state")},
+        responses={
+            202: OpenApiResponse(description="moved, or already in that state"),
+            409: OpenApiResponse(
+                ErrorSerializer, description="moving to INFLIGHT while the consumer is paused"
+            ),
+        },
     )
     def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
@@ -133,6 +153,12 @@ class JobView(TokenView):
                 "IncrementalTimeout is only allowed when moving a job to INFLIGHT.",
             )
         if job.status != target:
+            if target == INFLIGHT and consumer.paused:
+                check_transition(job.status, target)  # a forbidden move stays a 400
+                raise ApiError(
+                    status.HTTP_409_CONFLICT,
+                    "Consumer is paused: no job can be moved to INFLIGHT until it is resumed.",
+                )
             _move(job, target, timeout)
         return Response(status=status.HTTP_202_ACCEPTED)
 
