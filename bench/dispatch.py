@@ -12,6 +12,8 @@ Scenarios (`--scenario`, comma-separated, default `all`):
     backlog  the drain rate with 1,000,000 other queued jobs in the table, against the rate
              without them, measured right before
     rss      the dispatcher's resident memory while messages are published at a steady rate
+    ordered  an ordered consumer with 1,000 ordering keys against the same consumer unordered,
+             and the cost of its claim statement with 10,000 and 1,000,000 queued jobs
 
 The benchmark creates a fresh PostgreSQL database `bench_dispatch` on 127.0.0.1:5432 (dropped
 first if left over) and migrates it; every run empties the tables, creates the consumers and
@@ -34,6 +36,7 @@ The celery scenario needs `.venv/bin/pip install -r bench/requirements.txt` and 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import os
@@ -47,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from dispatch_harness import (
     BENCH,
     CHANNEL,
@@ -83,7 +87,7 @@ from dispatch_harness import (
 )
 
 RABBITMQ_PORT = 5672
-SCENARIOS = ["drain", "celery", "slow", "latency", "backlog", "rss"]
+SCENARIOS = ["drain", "celery", "slow", "latency", "backlog", "rss", "ordered"]
 BACKLOG_KINDS = ["due", "future", "paused"]
 CELERY_APPLICATION = "celery_peer"  # bench/celery_peer.py
 
@@ -96,6 +100,8 @@ LATENCY_P50_MS, LATENCY_P99_MS = 10.0, 50.0
 BACKLOG_RATIO = 0.8
 RSS_LIMIT_MB = 200.0
 RSS_FLAT_MB = 10.0  # "flat": grows less than this from the first quarter of the run to its end
+ORDERED_RATIO = 0.5
+CLAIM_FLAT_FACTOR = 2.0  # "flat": 100 times the queue costs less than twice as much per claim
 
 
 # --- scenarios ------------------------------------------------------------------------------
@@ -345,10 +351,12 @@ def scenario_latency(bench: Bench) -> None:
 
 
 # The backlog jobs: one statement, as fast as PostgreSQL inserts (with the jobs table's indexes).
-def build_backlog(bench: Bench, rows: int, consumers: list[int], delay_seconds: float) -> None:
+def build_backlog(
+    bench: Bench, rows: int, consumers: list[int], delay_seconds: float, keys: int = 0
+) -> None:
     started = time.perf_counter()
     bench.db.execute("SET work_mem = '256MB'")
-    queue_jobs(bench, rows, consumers, "b", delay_seconds)
+    queue_jobs(bench, rows, consumers, "b", delay_seconds, keys)
     inserted = time.perf_counter() - started
     bench.db.execute("VACUUM ANALYZE jobs_job")
     bench.db.execute("VACUUM ANALYZE broker_message")
@@ -427,6 +435,98 @@ def prepare_paused_consumer(port: int) -> int:
         channel_id=CHANNEL, public_id="paused", name="Paused", paused=True,
         callback_url=f"http://{HOST}:{port}/paused",
     ).pk  # fmt: skip
+
+
+def scenario_ordered(bench: Bench) -> None:
+    args = bench.args
+    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    keys = args.ordered_keys
+    print(
+        f"\n== ordered: {args.jobs} jobs to 1 consumer, unordered, then ordered with {keys:,}"
+        f" ordering keys (round robin); 1 dispatcher, manage.py dispatch {options}"
+    )
+    rates = {}
+    with receivers(bench) as sinks:
+        for mode in ("none", "ordered"):
+            [consumer] = prepare(bench, 1, sinks.port, args.max_in_flight or None)
+            bench.db.execute(
+                "UPDATE consumers_consumer SET ordering = %s WHERE id = %s", (mode, consumer)
+            )
+            make_due = functools.partial(queue_jobs, bench, args.jobs, [consumer], "d", 0, keys)
+            drain = drain_ours(bench, sinks, f"ordering={mode}", 1, options, make_due, args.jobs)
+            rates[mode] = drain.rate if drain.check.ok and not drain.timed_out else 0.0
+            if mode == "ordered":
+                report_order(bench, keys)
+    ratio = rates["ordered"] / rates["none"] if rates["none"] else 0.0
+    bench.verdict(
+        "ordered",
+        f"{rates['ordered']:,.0f}/s = {100 * ratio:.0f} % of {rates['none']:,.0f}/s unordered",
+        f">= {100 * ORDERED_RATIO:.0f} % of the unordered rate",
+        ratio >= ORDERED_RATIO,
+    )
+    claim_costs = [time_ordered_claims(bench, rows, keys) for rows in args.claim_backlogs]
+    growth = claim_costs[-1] / claim_costs[0] if claim_costs[0] else math.inf
+    backlogs = " vs ".join(
+        f"{rows:,}: {ms:.2f} ms" for rows, ms in zip(args.claim_backlogs, claim_costs, strict=True)
+    )
+    bench.verdict(
+        "ordered",
+        f"claim of 100 (median) {backlogs}",
+        f"claim cost flat (x{CLAIM_FLAT_FACTOR:g} at most)",
+        growth <= CLAIM_FLAT_FACTOR,
+    )
+
+
+def report_order(bench: Bench, keys: int) -> None:
+    """Check that within each key the receiver saw the messages in publish order."""
+    arrivals = bench.db.execute(
+        "SELECT m.ordering_key, m.id, min(a.started_at) FROM jobs_deliveryattempt a"
+        " JOIN jobs_job j ON j.id = a.job_id JOIN broker_message m ON m.id = j.message_id"
+        " GROUP BY m.ordering_key, m.id ORDER BY m.ordering_key, m.id"
+    ).fetchall()
+    out_of_order = sum(
+        1
+        for (key, _, sent), (next_key, _, next_sent) in itertools.pairwise(arrivals)
+        if key == next_key and next_sent < sent
+    )
+    print(
+        f"  order: {out_of_order} messages sent before an earlier one of their key ({keys:,} keys)"
+    )
+
+
+def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
+    """The median time of the claim statement for an ordered consumer with `rows` queued jobs
+    over `keys` keys, each claim rolled back so that every one sees the same queue."""
+    from django.utils import timezone
+
+    from jobs.dispatch import _CLAIM_SQL, DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, _lease
+
+    [consumer] = prepare(bench, 1, 9, None)  # nothing is sent
+    bench.db.execute(
+        "UPDATE consumers_consumer SET ordering = 'ordered' WHERE id = %s", (consumer,)
+    )
+    build_backlog(bench, rows, [consumer], 0, keys)
+    timings = []
+    for _ in range(bench.args.claim_samples):
+        now = timezone.now()
+        parameters = {
+            "default_cap": DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER,
+            "now": now,
+            "lease_until": now + _lease(),
+            "limit": 100,
+            "candidates": 200,
+        }
+        with bench.db.transaction() as claim:
+            started = time.perf_counter()
+            claimed = len(bench.db.execute(_CLAIM_SQL, parameters).fetchall())
+            timings.append((time.perf_counter() - started) * 1000)
+            raise psycopg.Rollback(claim)  # hand nothing out: every claim sees the same queue
+    median = percentile(timings, 50)
+    print(
+        f"  claim with {rows:,} queued jobs over {keys:,} keys: {claimed} jobs,"
+        f" median {median:.2f} ms, p90 {percentile(timings, 90):.2f} ms"
+    )
+    return median
 
 
 @dataclass(frozen=True)
@@ -546,6 +646,9 @@ def parse_arguments() -> argparse.Namespace:
     add("--rss-seconds", type=float, default=60.0, help="rss: publishing time (600: the target's)")
     add("--rss-rate", type=float, default=500.0, help="rss: messages/s published")
     add("--rss-sample-seconds", type=float, default=5.0, help="rss: sampling interval")
+    add("--ordered-keys", type=int, default=1000, help="ordered: ordering keys")
+    add("--claim-backlogs", type=integers, default="10000,1000000", help="ordered: queued jobs")
+    add("--claim-samples", type=int, default=50, help="ordered: claims timed per backlog")
     return parser.parse_args()
 
 
@@ -556,6 +659,7 @@ RUNNERS: dict[str, Callable[[Bench], None]] = {
     "latency": scenario_latency,
     "backlog": scenario_backlog,
     "rss": scenario_rss,
+    "ordered": scenario_ordered,
 }
 
 

@@ -239,27 +239,34 @@ def prepare(bench: Bench, consumers: int, port: int, max_in_flight: int | None =
 
 # Messages and one job per consumer, in one statement. Jobs are due at their message's time
 # (spread over the last milliseconds, as if just published) plus `delay`.
+# With `keys` > 0, message g gets the ordering key "k<g mod keys>" (round robin over the keys).
 QUEUE_SQL = """
 WITH message AS (
     INSERT INTO broker_message (channel_id, producer_id, public_id, payload, content_type,
-        priority, headers, status, received_at, dispatched_at)
+        priority, headers, ordering_key, status, received_at, dispatched_at)
     SELECT %(channel)s, %(producer)s, %(prefix)s::text || g, %(payload)s::bytea,
-        'application/json', 0, '{}'::jsonb, 'DISPATCHED', t, t
+        'application/json', 0, '{}'::jsonb,
+        CASE WHEN %(keys)s::int > 0 THEN 'k' || g %% %(keys)s::int ELSE '' END, 'DISPATCHED', t, t
     FROM generate_series(1, %(messages)s::int) AS g,
         LATERAL (SELECT now() - (%(messages)s::int - g) * interval '1 microsecond' AS t) AS at
-    RETURNING id, received_at
+    RETURNING id, received_at, ordering_key
 )
-INSERT INTO jobs_job (message_id, consumer_id, status, priority, attempts, next_attempt_at,
-    incremental_timeout, last_error, created_at, status_changed_at)
-SELECT message.id, consumer.id, 'QUEUED', 0, 0, message.received_at + %(delay)s::interval, 0, '',
-    message.received_at, message.received_at
+INSERT INTO jobs_job (message_id, consumer_id, status, priority, ordering_key, attempts,
+    next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
+SELECT message.id, consumer.id, 'QUEUED', 0, message.ordering_key, 0,
+    message.received_at + %(delay)s::interval, 0, '', message.received_at, message.received_at
 FROM message CROSS JOIN unnest(%(consumers)s::bigint[]) AS consumer(id)
 ORDER BY message.id, consumer.id
 """
 
 
 def queue_jobs(
-    bench: Bench, jobs: int, consumers: list[int], prefix: str, delay_seconds: float = 0
+    bench: Bench,
+    jobs: int,
+    consumers: list[int],
+    prefix: str,
+    delay_seconds: float = 0,
+    keys: int = 0,
 ) -> float:
     """Insert `jobs` jobs (jobs / consumers messages) in one transaction; the commit time."""
     messages = math.ceil(jobs / len(consumers))
@@ -274,6 +281,7 @@ def queue_jobs(
                 "messages": messages,
                 "delay": f"{delay_seconds} seconds",
                 "consumers": consumers,
+                "keys": keys,
             },
         )
         bench.db.execute("SELECT pg_notify('broker_jobs', '')")  # as a publish does

@@ -416,8 +416,10 @@ _MESSAGE = Message._meta.db_table
 _CONSUMER = Consumer._meta.db_table
 
 # The claim on PostgreSQL, one statement and one round trip (SPEC §11):
-# - room: each push consumer's free in-flight slots (counted on the INFLIGHT index), for those
-#   that are not paused and whose circuit is closed, or half-open (then one probe at a time);
+# - cap, room: each push consumer's free in-flight slots, for those that are not paused and whose
+#   circuit is closed, or half-open (then one probe at a time). Counted once per claim (hence
+#   MATERIALIZED), and only up to the cap: a plain index scan that stops there, and that marks
+#   the dead index entries of finished jobs as it passes, so that the next claim skips them;
 # - due: per consumer, its best due jobs up to its room, read from an index without locks. For an
 #   ordered consumer (§6.3) only the head of each key qualifies: the key's pending (QUEUED or
 #   INFLIGHT) job with the lowest id, when it is QUEUED and due. The heads are found by walking
@@ -432,15 +434,23 @@ _CONSUMER = Consumer._meta.db_table
 # same moment can each fill the same room (docs/dispatcher.md).
 _PENDING = f"('{QUEUED.value}', '{INFLIGHT.value}')"
 _CLAIM_SQL = f"""
-WITH room AS (
+WITH cap AS (
     SELECT c.id, c.ordering = '{Consumer.Ordering.ORDERED.value}' AS ordered,
         CASE WHEN c.circuit_open_until IS NULL
-            THEN coalesce(c.max_in_flight, %(default_cap)s) ELSE 1 END
-        - (SELECT count(*) FROM {_JOB} f
-           WHERE f.consumer_id = c.id AND f.status = '{INFLIGHT.value}') AS free
+            THEN coalesce(c.max_in_flight, %(default_cap)s) ELSE 1 END AS cap
     FROM {_CONSUMER} c
     WHERE c.type = '{Consumer.Type.PUSH.value}' AND NOT c.paused
         AND (c.circuit_open_until IS NULL OR c.circuit_open_until <= %(now)s)
+),
+room AS MATERIALIZED (
+    SELECT cap.id, cap.ordered, cap.cap - (
+        SELECT count(*) FROM (
+            SELECT FROM {_JOB} f
+            WHERE f.consumer_id = cap.id AND f.status = '{INFLIGHT.value}'
+            LIMIT cap.cap
+        ) in_flight
+    ) AS free
+    FROM cap
 ),
 due AS (
     SELECT next.id, next.priority, next.next_attempt_at
