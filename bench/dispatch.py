@@ -521,10 +521,10 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
             claimed = len(bench.db.execute(_CLAIM_SQL, parameters).fetchall())
             timings.append((time.perf_counter() - started) * 1000)
             raise psycopg.Rollback(claim)  # hand nothing out: every claim sees the same queue
-    median = percentile(timings, 50)
+    median = percentile(timings, 0.5)
     print(
         f"  claim with {rows:,} queued jobs over {keys:,} keys: {claimed} jobs,"
-        f" median {median:.2f} ms, p90 {percentile(timings, 90):.2f} ms"
+        f" median {median:.2f} ms, p90 {percentile(timings, 0.9):.2f} ms"
     )
     return median
 

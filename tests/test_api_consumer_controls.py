@@ -416,3 +416,24 @@ def test_admin_close_circuit_action(staff_client, channel):
     consumer.refresh_from_db()
     assert (consumer.circuit_failures, consumer.circuit_open_until) == (0, None)
     assert consumer.circuit_cooldown_seconds == 0
+
+
+def test_a_paused_push_consumer_holds_everything_and_resume_delivers_it(
+    admin_client, channel, receiver
+):
+    from jobs.dispatch import Dispatcher
+    from tests.test_dispatch import push_consumer, run_once
+
+    push_consumer(channel, receiver)
+    dispatcher = Dispatcher()
+    assert control(admin_client, "pause").status_code == 202
+    for number in range(3):
+        publish(channel, b"x", producer="shop", message_id=f"m{number}")
+
+    assert run_once(dispatcher) == []
+    assert receiver.received == []
+    assert set(Job.objects.values_list("status", "attempts")) == {(QUEUED, 0)}
+
+    assert control(admin_client, "resume").status_code == 202
+    assert len(run_once(dispatcher)) == 3
+    assert Job.objects.filter(status=DELIVERED).count() == 3
