@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from django.db.models import Count
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -43,12 +44,9 @@ class QueueCollector(Collector):
     STATES = {"queued": QUEUED, "in_flight": INFLIGHT, "dead": DEAD}
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        names = {
-            pk: (channel, public_id)
-            for pk, channel, public_id in Consumer.objects.values_list(
-                "pk", "channel_id", "public_id"
-            )
-        }
+        consumers = list(Consumer.objects.only("channel_id", "public_id", *CONSUMER_STATE))
+        names = {consumer.pk: (consumer.channel_id, consumer.public_id) for consumer in consumers}
+        yield from _consumer_states(consumers)
         for name, status in self.STATES.items():
             family = GaugeMetricFamily(
                 f"broker_jobs_{name}",
@@ -89,6 +87,35 @@ class QueueCollector(Collector):
             outcomes.add_metric([beat.dispatcher_id, "delivered"], beat.delivered)
             outcomes.add_metric([beat.dispatcher_id, "failed"], beat.failed)
         yield from (in_flight, seen, outcomes)
+
+
+CONSUMER_STATE = ["paused", "circuit_open_until", "circuit_failures"]
+
+
+def _consumer_states(consumers: list[Consumer]) -> Iterator[GaugeMetricFamily]:
+    """Per consumer: paused or not, its circuit (0 closed, 1 open, 0.5 half-open), failures."""
+    labels = ["channel", "consumer"]
+    paused = GaugeMetricFamily("broker_consumer_paused", "1 while paused.", labels=labels)
+    circuit = GaugeMetricFamily(
+        "broker_consumer_circuit_open",
+        "Circuit breaker: 0 closed, 1 open, 0.5 half-open (the next claim sends a probe).",
+        labels=labels,
+    )
+    failures = GaugeMetricFamily(
+        "broker_consumer_consecutive_failures",
+        "Attempts in a row without a usable answer.",
+        labels=labels,
+    )
+    now = timezone.now()
+    for consumer in consumers:
+        name = [consumer.channel_id, consumer.public_id]
+        paused.add_metric(name, float(consumer.paused))
+        circuit.add_metric(name, CIRCUIT_VALUES[consumer.circuit_state(now)])
+        failures.add_metric(name, consumer.circuit_failures)
+    yield from (paused, circuit, failures)
+
+
+CIRCUIT_VALUES = {"closed": 0.0, "half-open": 0.5, "open": 1.0}
 
 
 def queue_registry() -> CollectorRegistry:

@@ -39,3 +39,26 @@ def test_metrics_report_jobs_per_consumer_and_dispatchers(admin_client):
     assert 'broker_jobs_dead{channel="orders",consumer="billing"} 1.0' in text
     assert 'broker_dispatcher_in_flight{dispatcher="d1"} 3.0' in text
     assert 'broker_dispatcher_attempts_total{dispatcher="d1",result="delivered"} 10.0' in text
+
+
+def test_metrics_report_pause_and_circuit_per_consumer(admin_client):
+    from datetime import timedelta
+
+    from consumers.models import Consumer
+    from tests.helpers import make_channel, make_consumer
+
+    channel = make_channel()
+    make_consumer(channel, "paused")
+    make_consumer(channel, "down")
+    Consumer.objects.filter(public_id="paused").update(paused=True)
+    Consumer.objects.filter(public_id="down").update(
+        circuit_failures=7, circuit_open_until=timezone.now() + timedelta(minutes=5)
+    )
+
+    text = admin_client.get("/metrics").content.decode()
+
+    assert 'broker_consumer_paused{channel="orders",consumer="paused"} 1.0' in text
+    assert 'broker_consumer_paused{channel="orders",consumer="down"} 0.0' in text
+    assert 'broker_consumer_circuit_open{channel="orders",consumer="down"} 1.0' in text
+    assert 'broker_consumer_circuit_open{channel="orders",consumer="paused"} 0.0' in text
+    assert 'broker_consumer_consecutive_failures{channel="orders",consumer="down"} 7.0' in text
