@@ -66,6 +66,8 @@ class MessageAdmin(ReadOnlyAdmin):
 
     @admin.display(description="payload")
     def payload_preview(self, obj: Message) -> str:
+        if obj.payload_file:  # not read from storage just to show a page
+            return f"{obj.payload_size} bytes, offloaded to payload storage as {obj.payload_file}"
         payload = bytes(obj.payload)
         preview = payload[:PAYLOAD_PREVIEW_BYTES].decode("utf-8", errors="replace")
         return preview + (" …" if len(payload) > PAYLOAD_PREVIEW_BYTES else "")

@@ -30,6 +30,8 @@ DEFAULTS: dict[str, Any] = {
     "BROKER_CIRCUIT_COOLDOWN_SECONDS": 30,
     "BROKER_MIN_SCHEDULE_DELAY_SECONDS": 120,
     "BROKER_PAYLOAD_OFFLOAD_BYTES": 262144,
+    # The key of Django's STORAGES that holds offloaded payloads (SPEC §6.7).
+    "BROKER_PAYLOAD_STORAGE": "broker_payloads",
     "BROKER_MAX_PAYLOAD_BYTES": 5242880,
     # Empty: one key derived from SECRET_KEY.
     "BROKER_ENCRYPTION_KEYS": [],

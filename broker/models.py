@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models, transaction
+from django.db.models import Q
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
 
+from broker import payloads
 from broker.tokens import generate_token, hash_token, token_matches
 
 # Client-chosen IDs appear in URL paths, so they are restricted to URL-safe characters.
@@ -116,7 +121,11 @@ class Message(models.Model):
         Producer, on_delete=models.PROTECT, related_name="messages", db_index=False
     )
     public_id = models.CharField(max_length=255, validators=[validate_message_id])
-    payload = models.BinaryField()
+    payload = models.BinaryField()  # empty when the payload is offloaded
+    # The name of the payload's file in the payload storage, for payloads above
+    # BROKER_PAYLOAD_OFFLOAD_BYTES (SPEC §6.7); "" when the payload is in the row.
+    payload_file = models.CharField(max_length=255, blank=True, default="")
+    payload_size = models.PositiveIntegerField(default=0)  # bytes, wherever they are kept
     content_type = models.CharField(max_length=255)
     priority = models.IntegerField(default=0)
     # Metadata headers kept from the broadcast request and replayed on delivery.
@@ -136,10 +145,49 @@ class Message(models.Model):
         indexes = [
             # GET /channel/{c}/messages?status=…, newest (highest id) first, keyset-paginated.
             models.Index(fields=["channel", "status", "-id"], name="message_channel_status_idx"),
+            # purge_orphan_payloads: which of these stored files does a message name? Partial, so
+            # messages with inline payloads (nearly all) are not in it.
+            models.Index(
+                fields=["payload_file"],
+                condition=~Q(payload_file=""),
+                name="message_payload_file_idx",
+            ),
         ]
+
+    # An offloaded payload once read, so that one request reads its file once.
+    _offloaded_payload: bytes | None = None
 
     def __str__(self) -> str:
         return f"{self.channel_id}/{self.public_id}"
+
+    def read_payload(self) -> bytes:
+        """The payload, from the row or from storage; PayloadMissing if its file is gone."""
+        if not self.payload_file:
+            return bytes(self.payload)
+        if self._offloaded_payload is None:
+            self._offloaded_payload = payloads.read(self.payload_file)
+        return self._offloaded_payload
+
+    @classmethod
+    def purge_orphan_payloads(cls, older_than: timedelta, batch: int = 1000) -> int:
+        """Delete stored payload files that no message names and that were written before
+        `older_than` ago; return how many.
+
+        Orphans come from a publish inside a transaction that then rolled back, a process that
+        died between writing the file and inserting the row, or a deletion outside the ORM. The
+        age keeps this away from files whose message is being inserted in a transaction still
+        open: keep it above your longest transaction.
+        """
+        names = iter(payloads.stored_before(timezone.now() - older_than))
+        deleted = 0
+        while chunk := set(itertools.islice(names, batch)):
+            named = cls.objects.filter(payload_file__in=chunk).values_list(
+                "payload_file", flat=True
+            )
+            for name in chunk - set(named):
+                payloads.delete(name)
+                deleted += 1
+        return deleted
 
 
 class ApiKey(models.Model):
@@ -158,3 +206,12 @@ class ApiKey(models.Model):
         key = generate_token()
         with transaction.atomic():  # a duplicate name must not break the caller's transaction
             return cls.objects.create(name=name, key_hash=hash_token(key)), key
+
+
+# A signal rather than a method, because messages are mostly deleted by cascades and bulk deletes
+# (a channel deleted, the admin's bulk action) that never call a model method. The file goes only
+# once the deletion commits: a rolled-back deletion keeps its message, which still needs it.
+@receiver(post_delete, sender=Message)
+def delete_offloaded_payload(sender: type[Message], instance: Message, **kwargs: Any) -> None:
+    if instance.payload_file:
+        payloads.delete_on_commit(instance.payload_file)

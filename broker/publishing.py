@@ -15,9 +15,10 @@ from contextlib import nullcontext
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from broker import payloads
 from broker.conf import broker_settings
 from broker.models import Channel, Message, Producer, validate_message_id
 from consumers.models import Consumer
@@ -75,6 +76,10 @@ def publish(
     time, in publish order (SPEC §6.3); messages without one share a key. Raises a PublishError
     subclass, with nothing stored, for bad input, an unknown channel or producer, or a message ID
     the channel already has.
+
+    A payload above BROKER_PAYLOAD_OFFLOAD_BYTES is written to the payload storage before the
+    row (SPEC §6.7, broker/payloads.py). If the caller's transaction then rolls back, that file
+    stays behind until `manage.py purge_orphan_payloads` removes it.
     """
     body, content_type = _encode_payload(payload, content_type)
     message_id = message_id if message_id is not None else uuid.uuid4().hex
@@ -86,22 +91,40 @@ def publish(
         producer_id=producer.pk if isinstance(producer, Producer) else producer,
         public_id=message_id,
         payload=body,
+        payload_size=len(body),
         content_type=content_type,
         priority=priority,
         headers=dict(headers or {}),
         ordering_key=ordering_key,
         received_at=timezone.now(),
     )
+    if payloads.should_offload(body):
+        # Written before the row, so that a stored message always has its file (SPEC §6.7).
+        message.payload, message.payload_file = b"", payloads.store(body)
+    try:
+        _insert(message)
+    except (PublishError, IntegrityError, DataError):
+        # Refused for certain: no row names the file. (After other errors, a lost connection
+        # say, the row may exist: the file stays, and purge_orphan_payloads removes it if not.)
+        if message.payload_file:
+            payloads.delete(message.payload_file)
+        raise
+    return message
+
+
+def _insert(message: Message) -> None:
     insert = _insert_postgres if connection.vendor == "postgresql" else _insert_portable
     try:
         insert(message)
     except IntegrityError:
-        if Message.objects.filter(channel_id=message.channel_id, public_id=message_id).exists():
+        if Message.objects.filter(
+            channel_id=message.channel_id, public_id=message.public_id
+        ).exists():
             raise DuplicateMessage(
-                f"Channel {message.channel_id!r} already has a message with ID {message_id!r}."
+                f"Channel {message.channel_id!r} already has a message with ID "
+                f"{message.public_id!r}."
             ) from None
         raise
-    return message
 
 
 # The message and one job per consumer of the channel, in one statement: atomic by itself, one
@@ -118,9 +141,10 @@ WITH channel AS (
     JOIN channel ON consumer.channel_id = channel.id
 ), message AS (
     INSERT INTO {Message._meta.db_table} (channel_id, producer_id, public_id, payload,
-        content_type, priority, headers, ordering_key, status, received_at, dispatched_at)
-    SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(content_type)s, %(priority)s,
-        %(headers)s::jsonb, %(ordering_key)s,
+        payload_file, payload_size, content_type, priority, headers, ordering_key, status,
+        received_at, dispatched_at)
+    SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(payload_file)s,
+        %(payload_size)s, %(content_type)s, %(priority)s, %(headers)s::jsonb, %(ordering_key)s,
         CASE WHEN EXISTS (SELECT FROM consumers) THEN %(dispatched)s ELSE %(acknowledged)s END,
         %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END
     FROM channel, producer
@@ -146,6 +170,8 @@ def _insert_postgres(message: Message) -> None:
         "producer": message.producer_id,
         "public_id": message.public_id,
         "payload": message.payload,
+        "payload_file": message.payload_file,
+        "payload_size": message.payload_size,
         "content_type": message.content_type,
         "priority": message.priority,
         "headers": json.dumps(message.headers),

@@ -109,6 +109,18 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# Offloaded payloads (SPEC §6.7) go to STORAGES[BROKER_PAYLOAD_STORAGE]: by default files under
+# BROKER_PAYLOAD_DIR, which every web and dispatcher process must share. For S3 and the like,
+# replace the "broker_payloads" entry in a settings module of your own (docs/configuration.md).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "broker_payloads": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": env_str("BROKER_PAYLOAD_DIR", str(BASE_DIR / "payloads"))},
+    },
+}
+
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 # WhiteNoise serves static files from the app itself, so the admin looks right under gunicorn with
@@ -189,6 +201,7 @@ BROKER_PAYLOAD_OFFLOAD_BYTES = env_int(
 BROKER_MAX_PAYLOAD_BYTES = env_int(
     "BROKER_MAX_PAYLOAD_BYTES", DEFAULTS["BROKER_MAX_PAYLOAD_BYTES"], minimum=1
 )
+BROKER_PAYLOAD_STORAGE = env_str("BROKER_PAYLOAD_STORAGE", DEFAULTS["BROKER_PAYLOAD_STORAGE"])
 BROKER_ENCRYPTION_KEYS = env_secret_list("BROKER_ENCRYPTION_KEYS")
 # Let request bodies up to the payload limit through, so broadcast can answer 413 itself.
 DATA_UPLOAD_MAX_MEMORY_SIZE = BROKER_MAX_PAYLOAD_BYTES + 65536

@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import Any
 
 import aiohttp
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import BytesPayload
+from django.core.files import File
 
+from broker import payloads
+from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 from consumers.safety import check_delivery_url, is_refusal
+
+logger = logging.getLogger(__name__)
 
 RESPONSE_EXCERPT_BYTES = 4096
 MAX_RETRY_AFTER_SECONDS = 86400
+CHUNK_BYTES = 256 * 1024  # read and sent at a time from an offloaded payload
+STORAGE_ERROR = "storage-error"  # error class: the payload storage failed to give the payload
+
+
+@dataclass(frozen=True)
+class StoredBody:
+    """An offloaded payload (SPEC §6.7): opened, signed and streamed from storage when sent."""
+
+    name: str  # in the payload storage
+    # Makes the Standard Webhooks headers from the payload's chunks and the time of signing
+    # (jobs/signing.py): only possible once the payload is being read.
+    sign: Callable[[Iterable[bytes], datetime], dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -26,6 +46,7 @@ class DeliveryRequest:
     url: str
     headers: dict[str, str]
     body: bytes
+    stored: StoredBody | None = None  # set when the payload is in storage (`body` is then empty)
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,19 @@ async def deliver(
 
     `on_sent` is called as the request goes on the wire (see `ReportingBody`).
     """
+    if request.stored is not None:
+        return await _deliver_stored(session, request, request.stored, timeout, on_sent)
+    data = ReportingBody(request.body, on_sent) if on_sent else request.body
+    return await _post(session, request, data, request.headers, timeout)
+
+
+async def _post(
+    session: aiohttp.ClientSession,
+    request: DeliveryRequest,
+    data: Any,
+    headers: dict[str, str],
+    timeout: float,
+) -> AttemptResult:
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     try:
@@ -63,8 +97,8 @@ async def deliver(
         check_delivery_url(request.url)
         async with session.post(
             request.url,
-            data=ReportingBody(request.body, on_sent) if on_sent else request.body,
-            headers=request.headers,
+            data=data,
+            headers=headers,
             allow_redirects=False,  # a 3xx is a failure, not somewhere else to send the payload
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
@@ -97,6 +131,72 @@ async def deliver(
         request.consumer_id,
         started_at,
         duration_ms,
+        error_class=error_class,
+        error=error,
+    )
+
+
+async def _deliver_stored(
+    session: aiohttp.ClientSession,
+    request: DeliveryRequest,
+    stored: StoredBody,
+    timeout: float,
+    on_sent: Callable[[], None] | None,
+) -> AttemptResult:
+    """Deliver an offloaded payload: signed in one pass over the file, then streamed from it.
+
+    Storage I/O blocks, so it runs in worker threads and the event loop never waits on it; only
+    a chunk at a time is in memory. A file that is gone ends the job (`payload-missing`); any
+    other storage error is retried like a failed attempt, and neither is held against the
+    consumer (jobs/retry.py).
+    """
+    try:
+        file, file_headers = await asyncio.to_thread(_open_and_sign, stored)
+    except PayloadMissing as exc:
+        return _not_sent(request, PAYLOAD_MISSING, str(exc))
+    except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
+        logger.warning("cannot read offloaded payload %s: %s", stored.name, _one_line(exc))
+        return _not_sent(request, STORAGE_ERROR, f"payload storage: {_one_line(exc)}")
+    headers = {**request.headers, **file_headers}
+    try:
+        return await _post(session, request, _chunks_of(file, on_sent), headers, timeout)
+    finally:
+        await asyncio.to_thread(file.close)
+
+
+def _open_and_sign(stored: StoredBody) -> tuple[File[bytes], dict[str, str]]:
+    """The stored payload, opened and rewound after a signing pass, and its signature and length
+    headers (in a worker thread)."""
+    file = payloads.open_payload(stored.name)
+    try:
+        signature = stored.sign(iter(lambda: file.read(CHUNK_BYTES), b""), datetime.now(UTC))
+        file.seek(0)
+        # An explicit length keeps aiohttp from sending the stream chunked, which some
+        # receivers' servers (WSGI ones above all) do not accept.
+        return file, {**signature, "Content-Length": str(file.size)}
+    except BaseException:
+        file.close()
+        raise
+
+
+async def _chunks_of(file: File[bytes], on_sent: Callable[[], None] | None) -> AsyncIterator[bytes]:
+    """The file's content for aiohttp to stream, each chunk read in a worker thread."""
+    # aiohttp asks for the first chunk as the headers go out: from here the consumer may have
+    # the request, as with `ReportingBody`.
+    if on_sent:
+        on_sent()
+    while chunk := await asyncio.to_thread(file.read, CHUNK_BYTES):
+        yield chunk
+
+
+def _not_sent(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
+    """An attempt that ended before any request was made."""
+    return AttemptResult(
+        request.job_id,
+        request.attempt,
+        request.consumer_id,
+        datetime.now(UTC),
+        0.0,
         error_class=error_class,
         error=error,
     )

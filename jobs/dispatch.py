@@ -39,12 +39,12 @@ from broker.models import Message
 from consumers.models import Consumer
 from consumers.safety import SafeResolver
 from jobs import circuit
-from jobs.delivery import AttemptResult, DeliveryRequest, deliver
+from jobs.delivery import AttemptResult, DeliveryRequest, StoredBody, deliver
 from jobs.leases import sweep_expired_leases
 from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.retry import Outcome, Verdict, decide
-from jobs.signing import signature_headers
+from jobs.signing import chunked_signature_headers, signature_headers
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, check_transition
 
 logger = logging.getLogger(__name__)
@@ -384,6 +384,7 @@ class ClaimedJob:
     consumer_changed_at: datetime
     message_id: str
     payload: bytes
+    payload_file: str  # an offloaded payload's name in storage; "" when `payload` holds it
     content_type: str
     message_priority: int
     headers: dict[str, str]
@@ -392,7 +393,7 @@ class ClaimedJob:
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
         """From a row of the fields in order; raw SQL gives memoryview payloads and JSON text
         (Django reads jsonb as text and leaves parsing to JSONField)."""
-        *head, payload, content_type, message_priority, headers = row
+        *head, payload, payload_file, content_type, message_priority, headers = row
         if isinstance(headers, str):
             headers = json.loads(headers)
         job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, message_id = head
@@ -405,6 +406,7 @@ class ClaimedJob:
             consumer_changed_at,
             message_id,
             bytes(payload),
+            payload_file,
             content_type,
             message_priority,
             headers,
@@ -506,7 +508,7 @@ FROM taken, {_MESSAGE} m, {_CONSUMER} c
 WHERE j.id = taken.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
     AND c.id = j.consumer_id
 RETURNING j.id, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at,
-    m.public_id, m.payload, m.content_type, m.priority, m.headers
+    m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers
 """  # noqa: S608 (table names and constants from code; every value a parameter)
 
 
@@ -542,6 +544,7 @@ def _claim_portably(limit: int, now: datetime) -> list[ClaimedJob]:
         "consumer__changed_at",
         "message__public_id",
         "message__payload",
+        "message__payload_file",
         "message__content_type",
         "message__priority",
         "message__headers",
@@ -613,7 +616,12 @@ def _apply(result: AttemptResult, outcome: Outcome) -> None:
 
 
 def _request(job: ClaimedJob, consumer: Consumer, now: datetime) -> DeliveryRequest:
-    """The HTTP request for one claimed job: payload, broker headers, metadata, signatures."""
+    """The HTTP request for one claimed job: payload, broker headers, metadata, signatures.
+
+    An offloaded payload (SPEC §6.7) is not read here, on the claiming thread: `deliver` reads,
+    signs and streams it when it sends the request.
+    """
+    stored = _stored_body(job, consumer) if job.payload_file else None
     headers = {
         "Content-Type": job.content_type,
         "X-Broker-Message-ID": job.message_id,
@@ -623,15 +631,27 @@ def _request(job: ClaimedJob, consumer: Consumer, now: datetime) -> DeliveryRequ
         broker_settings.BROKER_CONSUMER_TOKEN_HEADER: consumer.token,
         "X-Request-ID": uuid.uuid4().hex,
         "User-Agent": USER_AGENT,
-        **signature_headers(consumer, job.message_id, job.payload, now),
     }
+    if stored is None:
+        headers.update(signature_headers(consumer, job.message_id, job.payload, now))
     metadata = _metadata(job.headers, reserved={name.lower() for name in headers})
     if metadata:
         headers.update(metadata)
         headers["X-Broker-Metadata-Headers"] = ",".join(metadata)
     return DeliveryRequest(
-        job.job_id, job.attempt, job.consumer_id, consumer.callback_url, headers, job.payload
+        job.job_id,
+        job.attempt,
+        job.consumer_id,
+        consumer.callback_url,
+        headers,
+        job.payload,
+        stored,
     )
+
+
+def _stored_body(job: ClaimedJob, consumer: Consumer) -> StoredBody:
+    sign = functools.partial(chunked_signature_headers, consumer, job.message_id)
+    return StoredBody(job.payload_file, sign)
 
 
 # Framing headers aiohttp computes; a replayed one would corrupt the request.

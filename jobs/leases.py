@@ -7,12 +7,14 @@ attempts (SPEC §5, §10). Attempts were counted when the job went INFLIGHT.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from broker.payloads import PayloadMissing
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.states import DEAD, INFLIGHT, QUEUED
@@ -73,8 +75,30 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int) -> list[J
             lease_expires_at=now + timedelta(seconds=lease_seconds),
             incremental_timeout=0,
         )
-    return list(
+    claimed = (
         Job.objects.filter(pk__in=ids, status=INFLIGHT)
         .select_related("message")
         .order_by("-priority", "pk")
     )
+    return _with_payloads(claimed)
+
+
+def _with_payloads(jobs: Iterable[Job]) -> list[Job]:
+    """The jobs whose payload can be read; those whose offloaded payload is gone go DEAD instead
+    of to the worker, as a push delivery would (SPEC §6.7).
+
+    Offloaded payloads are read after the claim's transaction, so no lock is held over storage
+    I/O, and kept on their message for the response.
+    """
+    readable = []
+    for job in jobs:
+        try:
+            if job.message.payload_file:
+                job.message.read_payload()
+        except PayloadMissing as exc:
+            Job.objects.filter(pk=job.pk).transition(
+                INFLIGHT, DEAD, lease_expires_at=None, last_error=str(exc)
+            )
+        else:
+            readable.append(job)
+    return readable

@@ -8,8 +8,13 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from broker.conf import broker_settings
+from broker.payloads import PAYLOAD_MISSING
 from consumers.models import Consumer
-from jobs.delivery import AttemptResult
+from jobs.delivery import STORAGE_ERROR, AttemptResult
+
+# Failures that say nothing about the consumer, so they do not count towards its circuit: a
+# delivery we cut off at shutdown, a payload storage that failed us.
+NOT_THE_CONSUMERS_DOING = {"shutdown", STORAGE_ERROR}
 
 
 class Verdict(Enum):
@@ -34,11 +39,14 @@ def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
     """Apply the consumer's retry policy to one attempt's result."""
     if result.succeeded:
         return Outcome(Verdict.DELIVERED)
+    if result.error_class == PAYLOAD_MISSING:
+        # Nothing to send, ever: dead at once (SPEC §6.7), and not the consumer's doing.
+        return Outcome(Verdict.DEAD, result.error)
     if result.status_code == 410:
         return Outcome(Verdict.DEAD, "HTTP 410 Gone: consumer paused", pause_consumer=True)
     if result.status_code in (consumer.non_retryable_statuses or []):
         return Outcome(Verdict.DEAD, f"HTTP {result.status_code} is not retryable")
-    unavailable = result.error_class != "shutdown"  # we cut it off, not the consumer
+    unavailable = result.error_class not in NOT_THE_CONSUMERS_DOING
     delays = consumer.retry_delays_in_effect
     if result.attempt > len(delays):
         reason = f"{result.error}; all {result.attempt} attempts used"

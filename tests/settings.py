@@ -6,10 +6,18 @@ machine (and .ci/run) provide. `DATABASE_URL=sqlite:///test.sqlite3 pytest` runs
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/broker")
 os.environ.setdefault("BROKER_ALLOW_PRIVATE_CALLBACKS", "true")  # receivers run on loopback
+if "BROKER_PAYLOAD_DIR" not in os.environ:
+    # Offloaded payloads of a test run never land in the project's payloads/; subprocesses that
+    # the tests start inherit the variable, and so share the directory.
+    os.environ["BROKER_PAYLOAD_DIR"] = tempfile.mkdtemp(prefix="broker-test-payloads-")
+    atexit.register(shutil.rmtree, os.environ["BROKER_PAYLOAD_DIR"], ignore_errors=True)
 
 from broker.settings import *  # noqa: F403
 from broker.settings import DATABASES

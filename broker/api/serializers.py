@@ -10,7 +10,8 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 
 from broker.api.errors import ApiError
-from broker.models import is_resource_id
+from broker.models import Message, is_resource_id
+from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 
 FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
 _INTEGER = re.compile(r"\s*[+-]?[0-9]{1,18}\s*\Z")
@@ -89,13 +90,36 @@ def encode_payload(payload: bytes | memoryview) -> tuple[str, str]:
 
 
 class PayloadFieldsMixin(serializers.Serializer[Any]):
-    """`Payload` and `PayloadEncoding` ("utf-8" or "base64"): binary payloads survive JSON."""
+    """`Payload` and `PayloadEncoding` ("utf-8" or "base64"): binary payloads survive JSON.
+
+    An offloaded payload (SPEC §6.7) is read from storage. One whose file is gone is shown as
+    null, with `PayloadError: "payload-missing"`: the rest of the message (or of the list of jobs)
+    is still worth having, so this is not an error status for the whole response.
+    """
 
     Payload = serializers.SerializerMethodField()
     PayloadEncoding = serializers.SerializerMethodField()
+    # Only when the payload cannot be read (required=False: absent from the object, it is skipped).
+    PayloadError = serializers.CharField(required=False, help_text=PAYLOAD_MISSING)
 
-    def get_Payload(self, message: Any) -> str:  # noqa: N802 (wire name)
-        return encode_payload(message.payload)[0]
+    def get_Payload(self, message: Message) -> str | None:  # noqa: N802 (wire name)
+        encoded = _encoded_payload(message)
+        return encoded[0] if encoded else None
 
-    def get_PayloadEncoding(self, message: Any) -> str:  # noqa: N802
-        return encode_payload(message.payload)[1]
+    def get_PayloadEncoding(self, message: Message) -> str | None:  # noqa: N802
+        encoded = _encoded_payload(message)
+        return encoded[1] if encoded else None
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = dict(super().to_representation(instance))
+        if data["Payload"] is None:
+            data["PayloadError"] = PAYLOAD_MISSING
+        return data
+
+
+def _encoded_payload(message: Message) -> tuple[str, str] | None:
+    """The payload as `encode_payload` gives it; None when its offloaded file is gone."""
+    try:
+        return encode_payload(message.read_payload())
+    except PayloadMissing:
+        return None

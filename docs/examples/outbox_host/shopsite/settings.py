@@ -7,6 +7,7 @@ Only what the outbox needs. The broker's apps come from `pip install` of the bro
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from broker.env import parse_database_url
 
@@ -32,6 +33,19 @@ DATABASES = {
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Payloads above BROKER_PAYLOAD_OFFLOAD_BYTES (256 KiB) are kept here rather than in the database;
+# the shop and its dispatchers must all reach the same storage (`manage.py check`: broker.E002).
+STORAGES = {
+    "broker_payloads": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {
+            "location": os.environ.get(
+                "SHOP_PAYLOAD_DIR", str(Path(__file__).resolve().parent.parent / "payloads")
+            )
+        },
+    },
+}
 USE_TZ = True
 TIME_ZONE = "UTC"
 

@@ -1,0 +1,94 @@
+"""Offloaded payloads (SPEC §6.7): the one place that talks to the payload storage.
+
+Payloads above BROKER_PAYLOAD_OFFLOAD_BYTES are kept as files in `STORAGES[BROKER_PAYLOAD_STORAGE]`
+(any Django storage: the filesystem by default, S3-compatible through django-storages) and the
+message row holds only the file's name. Names are random UUIDs: unique without a look-up, and
+unguessable, so a storage listing or a URL leaks nothing about which message a file belongs to.
+
+A file is written before its message row is inserted, so a committed message never names a file
+that was not written. The reverse can happen: a file whose row never committed (the caller's
+transaction rolled back, the process died in between). Those orphans are harmless and are removed
+by `manage.py purge_orphan_payloads` (`Message.purge_orphan_payloads`).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.core.files import File
+from django.core.files.base import ContentFile
+from django.core.files.storage import Storage, storages
+from django.db import transaction
+
+from broker.conf import broker_settings
+
+logger = logging.getLogger(__name__)
+
+# The error class of an attempt, and the start of the reason of a job, whose payload is gone.
+PAYLOAD_MISSING = "payload-missing"
+
+
+class PayloadMissing(LookupError):
+    """An offloaded payload is no longer in storage (deleted by hand, lost with a volume, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__(f"{PAYLOAD_MISSING}: the offloaded payload is no longer in storage")
+
+
+def payload_storage() -> Storage:
+    return storages[broker_settings.BROKER_PAYLOAD_STORAGE]
+
+
+def should_offload(body: bytes) -> bool:
+    threshold: int = broker_settings.BROKER_PAYLOAD_OFFLOAD_BYTES
+    return len(body) > threshold
+
+
+def store(body: bytes) -> str:
+    """Write a payload to storage under a new random name, and return that name."""
+    return payload_storage().save(uuid.uuid4().hex, ContentFile(body))
+
+
+def open_payload(name: str) -> File[bytes]:
+    """The stored payload opened for reading (blocking I/O: the dispatcher calls it in a thread)."""
+    try:
+        return payload_storage().open(name, "rb")
+    except FileNotFoundError:  # what FileSystemStorage and django-storages' S3 raise
+        raise PayloadMissing from None
+
+
+def read(name: str) -> bytes:
+    with open_payload(name) as file:
+        content: bytes = file.read()
+    return content
+
+
+def delete(name: str) -> None:
+    """Delete a stored payload now; a storage error is logged, the file is left to the purge."""
+    try:
+        payload_storage().delete(name)
+    except Exception:  # any backend's error: the caller's work is done and must not fail for it
+        logger.exception("could not delete offloaded payload %s", name)
+
+
+def delete_on_commit(name: str) -> None:
+    """Delete a stored payload once the current transaction commits (now, outside one).
+
+    A rolled-back deletion keeps its message, which still needs the file.
+    """
+    transaction.on_commit(lambda: delete(name), robust=True)
+
+
+def stored_before(cutoff: datetime) -> Iterable[str]:
+    """Names of the stored payloads last written before `cutoff`."""
+    storage = payload_storage()
+    try:
+        _, names = storage.listdir("")
+    except FileNotFoundError:  # a filesystem storage where nothing was ever offloaded
+        return
+    for name in names:
+        if storage.get_modified_time(name) < cutoff:
+            yield name
