@@ -110,6 +110,9 @@ class Message(models.Model):
         # Jobs exist for every consumer the channel had at publish time (created in the same
         # transaction as the message itself).
         DISPATCHED = "DISPATCHED"
+        # Published for later (SPEC §6.8): no jobs yet. At `scheduled_for` it is released: its
+        # jobs are created and it becomes DISPATCHED (or ACKNOWLEDGED), in one transaction.
+        SCHEDULED = "SCHEDULED"
 
     # No single-column FK indexes: the unique (channel, public_id) constraint already leads with
     # channel, and a producer is only looked up by its messages when it is deleted (rare; a scan is
@@ -136,6 +139,8 @@ class Message(models.Model):
     status = models.CharField(max_length=12, choices=Status.choices)
     received_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Set for a scheduled message (and kept after its release): when it is due.
+    scheduled_for = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -145,6 +150,18 @@ class Message(models.Model):
         indexes = [
             # GET /channel/{c}/messages?status=…, newest (highest id) first, keyset-paginated.
             models.Index(fields=["channel", "status", "-id"], name="message_channel_status_idx"),
+            # The release of scheduled messages: those due, oldest first.
+            models.Index(
+                fields=["scheduled_for"],
+                condition=Q(status="SCHEDULED"),
+                name="message_scheduled_due_idx",
+            ),
+            # GET /channel/{c}/scheduled-messages, newest first.
+            models.Index(
+                fields=["channel", "-id"],
+                condition=Q(scheduled_for__isnull=False),
+                name="message_channel_scheduled_idx",
+            ),
             # purge_orphan_payloads: which of these stored files does a message name? Partial, so
             # messages with inline payloads (nearly all) are not in it.
             models.Index(
@@ -215,3 +232,55 @@ class ApiKey(models.Model):
 def delete_offloaded_payload(sender: type[Message], instance: Message, **kwargs: Any) -> None:
     if instance.payload_file:
         payloads.delete_on_commit(instance.payload_file)
+
+
+class PeriodicMessage(ChangeTracked):
+    """A message published on a schedule (SPEC §6.9): every `interval_seconds`, or at the times of
+    the cron expression `cron` in the time zone `timezone`. Each tick publishes one message."""
+
+    channel = models.ForeignKey(
+        Channel, on_delete=models.CASCADE, related_name="periodic_messages", db_index=False
+    )
+    producer = models.ForeignKey(
+        Producer, on_delete=models.PROTECT, related_name="periodic_messages", db_index=False
+    )
+    public_id = models.CharField(max_length=255, validators=[validate_resource_id])
+    payload = models.BinaryField()
+    content_type = models.CharField(max_length=255)
+    priority = models.IntegerField(default=0)
+    headers = models.JSONField(default=dict, blank=True)
+    ordering_key = models.CharField(max_length=255, blank=True, default="")
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    cron = models.CharField(max_length=255, blank=True, default="")
+    timezone = models.CharField(max_length=64, default="UTC")  # an IANA name, for `cron`
+    enabled = models.BooleanField(default=True)
+    # Skip a tick while the messages of the previous one still have undelivered jobs.
+    skip_while_pending = models.BooleanField(default=False)
+    next_run_at = models.DateTimeField(null=True, blank=True)  # the next tick; null: disabled
+    last_run_at = models.DateTimeField(null=True, blank=True)  # the last tick that published
+    last_message = models.ForeignKey(
+        Message, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    skipped_ticks = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "public_id"], name="periodic_message_id_unique"
+            ),
+            # Exactly one kind of schedule.
+            models.CheckConstraint(
+                condition=Q(interval_seconds__isnull=False, cron="")
+                | (Q(interval_seconds__isnull=True) & ~Q(cron="")),
+                name="periodic_message_one_schedule",
+            ),
+        ]
+        indexes = [
+            # The tick: enabled schedules that are due.
+            models.Index(
+                fields=["next_run_at"], condition=Q(enabled=True), name="periodic_due_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}/{self.public_id}"
