@@ -35,6 +35,9 @@ DEFAULTS: dict[str, Any] = {
     "BROKER_MAX_PAYLOAD_BYTES": 5242880,
     # Empty: one key derived from SECRET_KEY.
     "BROKER_ENCRYPTION_KEYS": [],
+    # Housekeeping (django-q2 schedules): fully delivered messages older than this are deleted
+    # with their jobs and attempts; 0 keeps them for ever.
+    "BROKER_RETENTION_DAYS": 30,
 }
 
 

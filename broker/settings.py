@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "broker",
     "consumers",
     "jobs",
+    "django_q",
 ]
 
 MIDDLEWARE = [
@@ -203,5 +204,24 @@ BROKER_MAX_PAYLOAD_BYTES = env_int(
 )
 BROKER_PAYLOAD_STORAGE = env_str("BROKER_PAYLOAD_STORAGE", DEFAULTS["BROKER_PAYLOAD_STORAGE"])
 BROKER_ENCRYPTION_KEYS = env_secret_list("BROKER_ENCRYPTION_KEYS")
+BROKER_RETENTION_DAYS = env_int(
+    "BROKER_RETENTION_DAYS", DEFAULTS["BROKER_RETENTION_DAYS"], minimum=0
+)
+
+# Housekeeping runs as django-q2 schedules (`manage.py qcluster`, docs/housekeeping.md) with the
+# ORM broker: the database is the queue, so there is nothing else to run. Tasks are short and
+# rare: one worker; a task may take 10 minutes before it is retried (retry > timeout, as
+# django-q2 requires); missed runs after downtime run once, not once per missed period.
+Q_CLUSTER = {
+    "name": "broker-housekeeping",
+    "orm": "default",
+    "workers": env_int("BROKER_HOUSEKEEPING_WORKERS", 1, minimum=1),
+    "timeout": 600,
+    "retry": 900,
+    "max_attempts": 3,
+    "catch_up": False,
+    "save_limit": 250,
+    "ack_failures": True,
+}
 # Let request bodies up to the payload limit through, so broadcast can answer 413 itself.
 DATA_UPLOAD_MAX_MEMORY_SIZE = BROKER_MAX_PAYLOAD_BYTES + 65536

@@ -28,6 +28,11 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 def start_dispatcher(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
     """A dispatcher process on this test's database."""
+    return start_manage("dispatch", *arguments, **environment_overrides)
+
+
+def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
+    """`manage.py <arguments>` as a process of its own, on this test's database."""
     settings = connection.settings_dict
     environment = {
         **os.environ,
@@ -40,7 +45,7 @@ def start_dispatcher(*arguments: str, **environment_overrides: str) -> subproces
         "BROKER_ALLOW_PRIVATE_CALLBACKS": "true",
     }
     return subprocess.Popen(
-        [sys.executable, "manage.py", "dispatch", *arguments],
+        [sys.executable, "manage.py", *arguments],
         cwd=ROOT,
         env=environment,
         stdout=subprocess.PIPE,
