@@ -14,6 +14,8 @@ Scenarios (`--scenario`, comma-separated, default `all`):
     rss      the dispatcher's resident memory while messages are published at a steady rate
     ordered  an ordered consumer with 1,000 ordering keys against the same consumer unordered,
              and the cost of its claim statement with 10,000 and 1,000,000 queued jobs
+    scheduled  200 messages scheduled 0.1 s apart, released by two dispatchers: how late each
+             was released and delivered after its time, and that each went out exactly once
 
 The benchmark creates a fresh PostgreSQL database `bench_dispatch` on 127.0.0.1:5432 (dropped
 first if left over) and migrates it; every run empties the tables, creates the consumers and
@@ -87,7 +89,7 @@ from dispatch_harness import (
 )
 
 RABBITMQ_PORT = 5672
-SCENARIOS = ["drain", "celery", "slow", "latency", "backlog", "rss", "ordered"]
+SCENARIOS = ["drain", "celery", "slow", "latency", "backlog", "rss", "ordered", "scheduled"]
 BACKLOG_KINDS = ["due", "future", "paused"]
 CELERY_APPLICATION = "celery_peer"  # bench/celery_peer.py
 
@@ -477,6 +479,58 @@ def scenario_ordered(bench: Bench) -> None:
     )
 
 
+def scenario_scheduled(bench: Bench) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from django.conf import settings
+
+    from broker import publish
+
+    args = bench.args
+    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    count, spacing = args.scheduled_messages, args.scheduled_spacing
+    print(
+        f"\n== scheduled: {count} messages scheduled {spacing:g} s apart (broker.publish() with"
+        f" scheduled_for), 2 dispatchers ({options}), 1 consumer"
+    )
+    settings.BROKER_MIN_SCHEDULE_DELAY_SECONDS = 0  # in this process only: no 2-minute wait
+    with receivers(bench) as sinks:
+        prepare(bench, 1, sinks.port)
+        with dispatchers(bench, 2, options) as running:
+            first = datetime.now(UTC) + timedelta(seconds=3)
+            for n in range(count):
+                due = first + timedelta(seconds=n * spacing)
+                publish(CHANNEL, PAYLOAD.encode(), producer=PRODUCER, message_id=f"s{n}",
+                        scheduled_for=due)  # fmt: skip
+            _, timed_out = wait_for_delivered(bench, sinks, count, running)
+        received = sinks.received()
+    rows = bench.db.execute(
+        "SELECT public_id, extract(epoch FROM scheduled_for),"
+        " extract(epoch FROM dispatched_at - scheduled_for) FROM broker_message"
+    ).fetchall()
+    released = [1000 * float(late) for _, _, late in rows]
+    delivered = [
+        1000 * (received[f"{message_id} c0"][1] - float(due))
+        for message_id, due, _ in rows
+        if f"{message_id} c0" in received
+    ]
+    check = verify(bench, received)
+    for name, values in [("released", released), ("delivered", delivered)]:
+        print(
+            f"  {name} after the scheduled time, ms: median {percentile(values, 0.5):.0f}"
+            f"  p99 {percentile(values, 0.99):.0f}  max {max(values, default=math.nan):.0f}"
+            f"  (min {min(values, default=math.nan):.0f})"
+        )
+    print(f"  {check}")
+    p99 = percentile(released, 0.99)
+    bench.verdict(
+        "scheduled",
+        f"release lateness median {percentile(released, 0.5):.0f} ms, p99 {p99:.0f} ms",
+        "released within 1 s of the scheduled time (p99)",
+        check.ok and not timed_out and len(released) == count and p99 <= 1000,
+    )
+
+
 def report_order(bench: Bench, keys: int) -> None:
     """Check that within each key the receiver saw the messages in publish order."""
     arrivals = bench.db.execute(
@@ -647,6 +701,8 @@ def parse_arguments() -> argparse.Namespace:
     add("--rss-rate", type=float, default=500.0, help="rss: messages/s published")
     add("--rss-sample-seconds", type=float, default=5.0, help="rss: sampling interval")
     add("--ordered-keys", type=int, default=1000, help="ordered: ordering keys")
+    add("--scheduled-messages", type=int, default=200, help="scheduled: messages")
+    add("--scheduled-spacing", type=float, default=0.1, help="scheduled: seconds between them")
     add("--claim-backlogs", type=integers, default="10000,1000000", help="ordered: queued jobs")
     add("--claim-samples", type=int, default=50, help="ordered: claims timed per backlog")
     return parser.parse_args()
@@ -660,6 +716,7 @@ RUNNERS: dict[str, Callable[[Bench], None]] = {
     "backlog": scenario_backlog,
     "rss": scenario_rss,
     "ordered": scenario_ordered,
+    "scheduled": scenario_scheduled,
 }
 
 

@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from contextlib import nullcontext
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
@@ -50,6 +51,10 @@ class DuplicateMessage(PublishError):
     pass
 
 
+class ScheduleTooSoon(PublishError):
+    """A broadcast scheduled sooner than BROKER_MIN_SCHEDULE_DELAY_SECONDS from now (SPEC §6.8)."""
+
+
 class UnknownChannel(PublishError, LookupError):
     pass
 
@@ -68,6 +73,7 @@ def publish(
     headers: Mapping[str, str] | None = None,
     content_type: str | None = None,
     ordering_key: str | None = None,
+    scheduled_for: datetime | None = None,
 ) -> Message:
     """Store a message and its jobs atomically and return the message.
 
@@ -76,6 +82,12 @@ def publish(
     time, in publish order (SPEC §6.3); messages without one share a key. Raises a PublishError
     subclass, with nothing stored, for bad input, an unknown channel or producer, or a message ID
     the channel already has.
+
+    With `scheduled_for` (an aware datetime) the message is stored SCHEDULED, with no jobs; it is
+    released (its jobs created for the consumers the channel has then) by
+    `broker.scheduling.release_due_messages` within about a second of that time, and can be
+    cancelled until then (SPEC §6.8, docs/scheduled.md). BROKER_MIN_SCHEDULE_DELAY_SECONDS applies
+    to the HTTP header only: a time in the past here means "at the next release".
 
     A payload above BROKER_PAYLOAD_OFFLOAD_BYTES is written to the payload storage before the
     row (SPEC §6.7, broker/payloads.py). If the caller's transaction then rolls back, that file
@@ -86,6 +98,8 @@ def publish(
     ordering_key = ordering_key or ""
     _validate(message_id, priority, dict(headers or {}))
     _validate_ordering_key(ordering_key)
+    if scheduled_for is not None:
+        scheduled_for = _validate_schedule(scheduled_for)
     message = Message(
         channel_id=channel.pk if isinstance(channel, Channel) else channel,
         producer_id=producer.pk if isinstance(producer, Producer) else producer,
@@ -97,6 +111,7 @@ def publish(
         headers=dict(headers or {}),
         ordering_key=ordering_key,
         received_at=timezone.now(),
+        scheduled_for=scheduled_for,
     )
     if payloads.should_offload(body):
         # Written before the row, so that a stored message always has its file (SPEC §6.7).
@@ -113,7 +128,12 @@ def publish(
 
 
 def _insert(message: Message) -> None:
-    insert = _insert_postgres if connection.vendor == "postgresql" else _insert_portable
+    if message.scheduled_for is not None:
+        insert = _insert_scheduled
+    elif connection.vendor == "postgresql":
+        insert = _insert_postgres
+    else:
+        insert = _insert_portable
     try:
         insert(message)
     except IntegrityError:
@@ -221,6 +241,32 @@ def _insert_portable(message: Message) -> None:
             )
             for consumer_id in consumer_ids
         )
+
+
+def _insert_scheduled(message: Message) -> None:
+    """A scheduled message: the row alone, SCHEDULED, no jobs (they are made at its release).
+
+    Not on the hot path, so plain ORM on every database. It shares the (channel, public_id)
+    constraint with every other message, so an ID already used by a scheduled or a normal
+    message of the channel is a DuplicateMessage either way.
+    """
+    message.channel = _resolve(Channel, message.channel_id, UnknownChannel)
+    message.producer = _resolve(Producer, message.producer_id, UnknownProducer)
+    message.status = Message.Status.SCHEDULED
+    message.dispatched_at = None
+    with transaction.atomic():  # a savepoint: a duplicate leaves a caller's transaction usable
+        message.save(force_insert=True)
+
+
+def _validate_schedule(when: datetime) -> datetime:
+    if not isinstance(when, datetime):
+        raise InvalidMessage("scheduled_for must be a datetime.")
+    if timezone.is_naive(when):
+        raise InvalidMessage("scheduled_for must be timezone-aware.")
+    try:
+        return when.astimezone(UTC)
+    except OverflowError:
+        raise InvalidMessage("scheduled_for is out of range.") from None
 
 
 def _encode_payload(

@@ -10,6 +10,8 @@ from broker import views
 from broker.api import errors
 from broker.api.broadcast import BroadcastView
 from broker.api.messages import MessageDetailView, MessageListView, MessagesStatusView
+from broker.api.periodic import PeriodicMessageDetailView, PeriodicMessageListView
+from broker.api.scheduled import ScheduledMessageDetailView, ScheduledMessageListView
 from broker.api.stakeholders import (
     ChannelDetailView,
     ChannelListView,
@@ -56,6 +58,16 @@ urlpatterns = [
     path("channel/<key:channel_id>/messages", MessageListView.as_view()),
     path("channel/<key:channel_id>/messages-status", MessagesStatusView.as_view()),
     path("channel/<key:channel_id>/message/<key:message_id>", MessageDetailView.as_view()),
+    path("channel/<key:channel_id>/scheduled-messages", ScheduledMessageListView.as_view()),
+    path(
+        "channel/<key:channel_id>/scheduled-message/<key:message_id>",
+        ScheduledMessageDetailView.as_view(),
+    ),
+    path("channel/<key:channel_id>/periodic-messages", PeriodicMessageListView.as_view()),
+    path(
+        "channel/<key:channel_id>/periodic-message/<key:periodic_id>",
+        PeriodicMessageDetailView.as_view(),
+    ),
     path("channel/<key:channel_id>/consumers", ConsumerListView.as_view()),
     path(CONSUMER, ConsumerDetailView.as_view()),
     path(f"{CONSUMER}/queued-jobs", QueuedJobsView.as_view()),

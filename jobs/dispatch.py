@@ -36,6 +36,8 @@ from django.utils import timezone
 import broker
 from broker.conf import broker_settings
 from broker.models import Message
+from broker.periodic import run_due_ticks
+from broker.scheduling import RELEASE_BATCH, release_due_messages
 from consumers.models import Consumer
 from consumers.safety import SafeResolver
 from jobs import circuit
@@ -53,6 +55,7 @@ T = TypeVar("T")
 USER_AGENT = f"webhook-broker-django/{broker.__version__}"
 DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER = 100
 HOUSEKEEPING_SECONDS = 5.0  # heartbeat and lease sweep
+RELEASE_SECONDS = 0.5  # scheduled messages and periodic ticks: released within a second
 SHUTDOWN_MESSAGE = "dispatcher stopped before the consumer answered"
 
 
@@ -194,6 +197,17 @@ class Dispatcher:
     def sweep(self) -> int:
         return sweep_expired_leases()
 
+    def release_due(self) -> int:
+        """Release due scheduled messages and publish due periodic ticks (SPEC §5: every
+        dispatcher does, exactly once between them); return how many messages that made.
+
+        Their jobs wake the dispatchers with the NOTIFY of their publish or release.
+        """
+        released = 0
+        while (batch := release_due_messages()) == RELEASE_BATCH:  # more may be due at once
+            released += batch
+        return released + batch + run_due_ticks()
+
     def beat(self, in_flight: int = 0) -> None:
         DispatcherHeartbeat.objects.update_or_create(
             dispatcher_id=self.config.dispatcher_id,
@@ -234,7 +248,7 @@ class Dispatcher:
     async def _loop(self, session: aiohttp.ClientSession) -> None:
         in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest] = {}
         recording: asyncio.Task[None] | None = None
-        next_housekeeping = 0.0
+        next_housekeeping = next_release = 0.0
         loop = asyncio.get_running_loop()
         while not self.stopping or in_flight or self._finished or _running(recording):
             try:
@@ -242,6 +256,9 @@ class Dispatcher:
                     await self._db(self.beat, len(in_flight))
                     await self._db(self.sweep)
                     next_housekeeping = loop.time() + HOUSEKEEPING_SECONDS
+                if loop.time() >= next_release and not self.stopping:
+                    await self._db(self.release_due)
+                    next_release = loop.time() + RELEASE_SECONDS
                 room = self.config.concurrency - len(in_flight)
                 if not self.stopping and room > 0:
                     claimed = await self._db(self.claim, min(room, self.config.batch_size))
@@ -263,7 +280,7 @@ class Dispatcher:
             if self.stopping and in_flight:
                 await self._drain(in_flight)
             else:
-                await self._idle(busy=bool(done))
+                await self._idle(busy=bool(done), until=next_release)
         with contextlib.suppress(DatabaseDown):
             await self._db(self.retire)
 
@@ -291,13 +308,15 @@ class Dispatcher:
     def _sent_marker(self, request: DeliveryRequest) -> Callable[[], None]:
         return lambda: self._sent.add(request.job_id)
 
-    async def _idle(self, busy: bool) -> None:
-        """Wait for a finished delivery or recording, a NOTIFY or the poll interval."""
+    async def _idle(self, busy: bool, until: float) -> None:
+        """Wait for a finished delivery or recording, a NOTIFY, the poll interval or the next
+        release of scheduled messages (`until`, in loop time), whichever comes first."""
         if busy:
             await asyncio.sleep(0)  # claim again right away: slots were just freed
             return
+        timeout = min(self.config.poll_seconds, until - asyncio.get_running_loop().time())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self.config.poll_seconds)
+            await asyncio.wait_for(self._wake.wait(), max(timeout, 0))
         self._wake.clear()
 
     async def _drain(self, in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest]) -> None:

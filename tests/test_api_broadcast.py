@@ -131,11 +131,16 @@ def test_payload_size_limit_is_413(client, settings):
     assert Message.objects.count() == 1
 
 
-def test_scheduled_messages_are_refused_until_supported(client):
-    response = broadcast(client, **{"X-Broker-Scheduled-For": "2030-01-01T00:00:00Z"})
+def test_a_scheduled_broadcast_is_located_at_its_scheduled_message(client):
+    # The rest (400, 412, release, cancel) is in tests/test_scheduled.py.
+    response = broadcast(
+        client, **{"X-Broker-Scheduled-For": "2999-01-01T00:00:00Z", "X-Broker-Message-ID": "s-1"}
+    )
 
-    assert response.status_code == 400
-    assert not Message.objects.exists()
+    assert response.status_code == 201
+    assert response["Location"] == "/channel/orders/scheduled-message/s-1"
+    assert Message.objects.get().status == Message.Status.SCHEDULED
+    assert not Job.objects.exists()
 
 
 def test_tokens_never_appear_in_error_responses(client):

@@ -20,11 +20,12 @@ import os
 import re
 import zlib
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 import schemathesis
+from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from schemathesis.core import NotSet
 
@@ -49,6 +50,7 @@ CHANNEL_TOKEN = "channel-token"
 PRODUCER_TOKEN = "producer-token"
 CONSUMER_TOKEN = "consumer-token"  # both consumers'
 MESSAGE_IDS = ["m-1", "m-2", "m-3", "m-4"]
+SCHEDULED_ID = "later-1"  # a scheduled message, never released (no dispatcher runs)
 CALLBACK_URL = "http://127.0.0.1:9/hook"  # nothing is delivered: no dispatcher runs
 
 # Existing IDs a generated path parameter is steered to.
@@ -56,7 +58,7 @@ KNOWN_PATH_VALUES: dict[str, list[str]] = {
     "channel_id": ["orders"],
     "resource_id": ["orders", "shop"],
     "consumer_id": ["billing", "puller"],
-    "message_id": MESSAGE_IDS,
+    "message_id": [*MESSAGE_IDS, SCHEDULED_ID],
     "job_id": [str(pk) for pk in range(1, 2 * len(MESSAGE_IDS) + 1)],
 }
 # Values the generator rarely or never produces for a path segment; each must give a 4xx.
@@ -189,7 +191,8 @@ def error_shape(
 
 @pytest.fixture
 def broker_data(settings: Any) -> None:
-    """A channel with a push and a pull consumer, four messages, and jobs in every state."""
+    """A channel with a push and a pull consumer, four messages, jobs in every state, and a
+    scheduled message."""
     settings.BROKER_ADMIN_TOKENS = [ADMIN_TOKEN]
     channel = Channel(id="orders", name="Orders")
     channel.set_token(CHANNEL_TOKEN)
@@ -211,6 +214,13 @@ def broker_data(settings: Any) -> None:
         publish(
             channel, {"n": priority}, producer=producer, message_id=message_id, priority=priority
         )
+    publish(
+        channel,
+        b"later",
+        producer=producer,
+        message_id=SCHEDULED_ID,
+        scheduled_for=timezone.now() + timedelta(days=1),
+    )
     assert list(Job.objects.order_by("pk").values_list("pk", flat=True)) == [
         int(pk) for pk in KNOWN_PATH_VALUES["job_id"]
     ]

@@ -22,6 +22,8 @@ WEBHOOK_BROKER_PATHS = [
     "/channel/{channel_id}/message/{message_id}",
     "/channel/{channel_id}/messages",
     "/channel/{channel_id}/messages-status",
+    "/channel/{channel_id}/scheduled-messages",
+    "/channel/{channel_id}/scheduled-message/{message_id}",
     "/channel/{channel_id}/consumer/{consumer_id}/queued-jobs",
     "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}",
     "/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}/requeue-dead-job",

@@ -432,3 +432,30 @@ def test_concurrent_claims_never_hand_out_a_job_twice(channel, receiver):
     every_claim = [job_id for mine in claimed for job_id in mine]
     assert sorted(every_claim) == sorted(Job.objects.values_list("pk", flat=True))
     assert Job.objects.filter(status=INFLIGHT, attempts=1).count() == 300
+
+
+def test_the_dispatcher_releases_due_scheduled_messages_and_periodic_ticks(
+    channel, receiver, dispatcher
+):
+    from broker.models import PeriodicMessage
+
+    push_consumer(channel, receiver)
+    due = timezone.now() + timedelta(seconds=30)
+    publish(channel, b"later", producer="shop", message_id="later", scheduled_for=due)
+    PeriodicMessage.objects.create(
+        channel=channel,
+        producer_id="shop",
+        public_id="every-minute",
+        payload=b"tick",
+        content_type="text/plain",
+        interval_seconds=60,
+        next_run_at=due,
+    )
+
+    assert dispatcher.release_due() == 0
+    with time_machine.travel(due + timedelta(seconds=0.5), tick=False):
+        assert dispatcher.release_due() == 2
+        assert dispatcher.release_due() == 0  # each exactly once
+        run_once(dispatcher)
+
+    assert sorted(request.body for request in receiver.received) == [b"later", b"tick"]

@@ -217,3 +217,25 @@ def test_a_database_restart_mid_run_loses_nothing(receiver):
     assert set(delivered_ids) == {f"m-{number}" for number in range(600)}
     # Deliveries whose outcome could not be recorded during the outage may repeat, no more.
     assert len(delivered_ids) - len(set(delivered_ids)) <= 16
+
+
+def test_the_dispatch_command_releases_a_scheduled_message_on_time(receiver):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    channel = channel_delivering_to(receiver)
+    process = start_dispatcher("--poll-seconds", "30")
+    try:
+        wait_until(DispatcherHeartbeat.objects.exists, seconds=10)
+        due = timezone.now() + timedelta(seconds=2)
+        publish(channel, b"x", producer="shop", message_id="on-time", scheduled_for=due)
+        wait_until(lambda: len(receiver.received) == 1, seconds=10)
+        late = timezone.now() - due
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    # Released within a second of its time (the loop looks every 0.5 s), not at the 30 s poll.
+    assert late < timedelta(seconds=1.5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.exceptions import RequestDataTooBig
 from django.db import connection
 from drf_spectacular.types import OpenApiTypes
@@ -17,6 +19,7 @@ from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
 from broker.models import Channel, Producer, is_resource_id
 from broker.publishing import publish
+from broker.scheduling import parse_rfc3339, require_min_delay
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 TOKEN_HASHES_SQL = (
@@ -31,6 +34,11 @@ HEADERS = [
     ("X-Broker-Message-Priority", False, "integer, higher first (default 0)"),
     ("X-Broker-Metadata-Headers", False, "comma-separated names of headers to keep and replay"),
     ("X-Broker-Ordering-Key", False, "ordered consumers get one key's messages in order"),
+    (
+        "X-Broker-Scheduled-For",
+        False,
+        "RFC 3339 time to release the message at, at least BROKER_MIN_SCHEDULE_DELAY_SECONDS away",
+    ),
 ]
 
 
@@ -53,28 +61,36 @@ class BroadcastView(APIView):
             for name, required, text in HEADERS
         ],
         responses={
-            201: OpenApiResponse(description="stored; Location names the message"),
+            201: OpenApiResponse(
+                description="stored; Location names the message (the scheduled message when "
+                "X-Broker-Scheduled-For was given)"
+            ),
             400: _error("empty body or malformed header"),
             401: _error("unknown producer or missing token"),
             403: _error("wrong token"),
             404: _error("unknown channel"),
             409: _error("duplicate message ID in the channel"),
+            412: _error("X-Broker-Scheduled-For sooner than the minimum delay"),
             413: _error("payload over BROKER_MAX_PAYLOAD_BYTES"),
         },
     )
     def post(self, request: Request, channel_id: str) -> Response:
         producer_id = _authenticate(request, channel_id)
+        payload = _payload(request)
+        scheduled_for = _scheduled_for(request)
         message = publish(
             channel_id,
-            _payload(request),
+            payload,
             producer=producer_id,
             message_id=request.headers.get("X-Broker-Message-ID") or None,
             priority=_priority(request),
             headers=_metadata_headers(request),
             content_type=request.headers.get("Content-Type") or DEFAULT_CONTENT_TYPE,
             ordering_key=request.headers.get("X-Broker-Ordering-Key", "").strip(),
+            scheduled_for=scheduled_for,
         )
-        location = f"/channel/{channel_id}/message/{message.public_id}"
+        kind = "message" if scheduled_for is None else "scheduled-message"
+        location = f"/channel/{channel_id}/{kind}/{message.public_id}"
         return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
 
 
@@ -102,10 +118,6 @@ def _token_hashes(channel_id: str, producer_id: str) -> tuple[str | None, str | 
 
 
 def _payload(request: Request) -> bytes:
-    if "X-Broker-Scheduled-For" in request.headers:
-        raise ApiError(
-            status.HTTP_400_BAD_REQUEST, "Scheduled messages are not supported by this version yet."
-        )
     limit = broker_settings.BROKER_MAX_PAYLOAD_BYTES
     too_large = ApiError(
         status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"The payload is over {limit} bytes."
@@ -120,6 +132,22 @@ def _payload(request: Request) -> bytes:
         return bytes(request.body)
     except RequestDataTooBig:
         raise too_large from None
+
+
+def _scheduled_for(request: Request) -> datetime | None:
+    """X-Broker-Scheduled-For: 400 unless RFC 3339, 412 when sooner than the minimum delay."""
+    raw = request.headers.get("X-Broker-Scheduled-For", "").strip()
+    if not raw:
+        return None
+    try:
+        when = parse_rfc3339(raw)
+    except ValueError:
+        raise ApiError(
+            status.HTTP_400_BAD_REQUEST,
+            "X-Broker-Scheduled-For must be an RFC 3339 date-time, e.g. 2030-01-31T12:00:00Z.",
+        ) from None
+    require_min_delay(when)  # ScheduleTooSoon: 412
+    return when
 
 
 def _priority(request: Request) -> int:

@@ -35,6 +35,7 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
     publishing.UnknownProducer: status.HTTP_401_UNAUTHORIZED,
     publishing.DuplicateMessage: status.HTTP_409_CONFLICT,
     publishing.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    publishing.ScheduleTooSoon: status.HTTP_412_PRECONDITION_FAILED,
     publishing.InvalidMessage: status.HTTP_400_BAD_REQUEST,
     ForbiddenTransition: status.HTTP_400_BAD_REQUEST,
 }

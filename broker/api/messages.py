@@ -1,10 +1,15 @@
-"""Reading messages: one with its jobs, a channel's list by status, counts (SPEC §4)."""
+"""Reading messages: one with its jobs, a channel's list by status, counts (SPEC §4).
+
+Scheduled messages not released yet (status SCHEDULED, SPEC §6.8) are messages without jobs:
+readable here, listed only when asked for with `?status=SCHEDULED`, and counted under
+webhook-broker's `SCHEDULED_*` keys by messages-status (docs/scheduled.md).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Min, Q
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -14,6 +19,7 @@ from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
 from broker.api.pagination import paginate
+from broker.api.scheduled import PENDING, RELEASED, scheduled_messages_url
 from broker.api.serializers import ListResultSerializer, PayloadFieldsMixin
 from broker.models import Channel, Message
 from jobs.api.serializers import JobSummarySerializer
@@ -31,6 +37,8 @@ class MessageSerializer(PayloadFieldsMixin):
     ProducerID = serializers.CharField(source="producer_id")
     ReceivedAt = serializers.DateTimeField(source="received_at")
     DispatchedAt = serializers.DateTimeField(source="dispatched_at", allow_null=True)
+    # Ours: when a scheduled message is (or was) due; null for a message published at once.
+    ScheduledFor = serializers.DateTimeField(source="scheduled_for", allow_null=True)
     Status = serializers.CharField(source="status")
     Headers = serializers.DictField(source="headers", child=serializers.CharField())
     Jobs = JobSummarySerializer(source="jobs.all", many=True)
@@ -54,7 +62,8 @@ class MessageListView(APIView):
                 "status",
                 str,
                 many=True,
-                description="ACKNOWLEDGED or DISPATCHED (or webhook-broker's 101 / 102)",
+                description="ACKNOWLEDGED or DISPATCHED (or webhook-broker's 101 / 102), or "
+                "SCHEDULED (not released yet; listed only when asked for)",
             )
         ],
         responses={200: ListResultSerializer},
@@ -65,6 +74,8 @@ class MessageListView(APIView):
         statuses = [_status(value) for value in request.query_params.getlist("status")]
         if statuses:
             messages = messages.filter(status__in=statuses)
+        else:
+            messages = messages.exclude(status=Message.Status.SCHEDULED)
         items, pages = paginate(request, messages.only("pk", "public_id"), keys=("pk",))
         urls = [f"/channel/{channel.pk}/message/{item.public_id}" for item in items]
         return Response({"Result": urls, "Pages": pages})
@@ -75,7 +86,7 @@ def _status(value: str) -> str:
     if status_name not in Message.Status.values:
         raise ApiError(
             status.HTTP_400_BAD_REQUEST,
-            "status must be ACKNOWLEDGED or DISPATCHED (or 101 / 102).",
+            "status must be ACKNOWLEDGED, DISPATCHED or SCHEDULED (or 101 / 102).",
         )
     return status_name
 
@@ -87,21 +98,46 @@ class StatusCountSerializer(serializers.Serializer[Any]):
 
 class MessagesStatusSerializer(serializers.Serializer[Any]):
     counts = serializers.DictField(child=StatusCountSerializer())
+    # Only when a scheduled message is waiting: the earliest due time (as webhook-broker).
+    next_scheduled_message_at = serializers.DateTimeField(required=False)
 
 
 class MessagesStatusView(APIView):
     @extend_schema(responses={200: MessagesStatusSerializer})
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
-        rows = Message.objects.filter(channel=channel).values("status").annotate(n=Count("pk"))
-        counts = {
-            row["status"]: {
-                "Count": row["n"],
-                "Links": {
-                    "messages": f"/channel/{channel.pk}/messages"
-                    f"?status={STATUS_NUMBERS[row['status']]}"
-                },
-            }
-            for row in rows
-        }
-        return Response({"counts": counts})
+        # One grouped query: per status, its messages, how many of them were scheduled, and
+        # (for SCHEDULED) the earliest due time.
+        rows = (
+            Message.objects.filter(channel=channel)
+            .values("status")
+            .annotate(
+                n=Count("pk"),
+                scheduled=Count("pk", filter=Q(scheduled_for__isnull=False)),
+                next_due=Min("scheduled_for"),
+            )
+        )
+        counts: dict[str, Any] = {}
+        released = 0
+        body: dict[str, Any] = {"counts": counts}
+        for row in rows:
+            if row["status"] == Message.Status.SCHEDULED:
+                counts[f"SCHEDULED_{PENDING}"] = _count(
+                    row["n"], scheduled_messages_url(channel.pk, PENDING)
+                )
+                body["next_scheduled_message_at"] = row["next_due"]
+                continue
+            number = STATUS_NUMBERS[row["status"]]
+            counts[row["status"]] = _count(
+                row["n"], f"/channel/{channel.pk}/messages?status={number}"
+            )
+            released += row["scheduled"]
+        if released:
+            counts[f"SCHEDULED_{RELEASED}"] = _count(
+                released, scheduled_messages_url(channel.pk, RELEASED)
+            )
+        return Response(MessagesStatusSerializer(body).data)
+
+
+def _count(count: int, url: str) -> dict[str, Any]:
+    return {"Count": count, "Links": {"messages": url}}
