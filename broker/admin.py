@@ -20,6 +20,7 @@ from broker.periodic import (
     validate_time_zone,
 )
 from broker.publishing import PublishError
+from broker.scheduling import AlreadyReleased, NotScheduled, cancel_scheduled
 
 PAYLOAD_PREVIEW_BYTES = 4096
 
@@ -68,12 +69,35 @@ admin.site.register(Channel, TokenProtectedAdmin)
 
 @admin.register(Message)
 class MessageAdmin(ReadOnlyAdmin):
-    list_display = ["public_id", "channel", "producer", "status", "priority", "received_at"]
+    list_display = [
+        "public_id",
+        "channel",
+        "producer",
+        "status",
+        "scheduled_for",
+        "priority",
+        "received_at",
+    ]
     list_filter = ["status", "channel"]
     search_fields = ["=public_id"]
     show_full_result_count = False  # no full-table COUNT on large tables
     exclude = ["payload"]
     readonly_fields = ["payload_preview"]
+    actions = ["cancel_scheduled"]
+
+    @admin.action(description="Cancel the selected scheduled messages (not yet released)")
+    def cancel_scheduled(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        cancelled, refused = 0, []
+        for message in queryset.only("channel_id", "public_id"):
+            try:
+                cancel_scheduled(message.channel_id, message.public_id)
+                cancelled += 1
+            except (NotScheduled, AlreadyReleased) as exc:
+                refused.append(str(exc))
+        if cancelled:
+            messages.success(request, f"Cancelled {cancelled} scheduled message(s).")
+        for reason in refused:
+            messages.warning(request, reason)
 
     @admin.display(description="payload")
     def payload_preview(self, obj: Message) -> str:

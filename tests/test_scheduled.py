@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 from django.db import connection
+from django.utils import timezone
 
 from broker import payloads, publish
 from broker.models import Message
@@ -445,3 +446,25 @@ def test_concurrent_releases_release_every_message_exactly_once():
     pairs = set(Job.objects.values_list("message_id", "consumer_id"))
     assert len(pairs) == 600
     assert not Message.objects.filter(status=Message.Status.SCHEDULED).exists()
+
+
+def test_the_admin_cancels_scheduled_messages_not_yet_released(client):
+    from django.contrib.auth.models import User
+
+    make_producer()
+    channel = make_channel()
+    make_consumer(channel)
+    later = timezone.now() + timedelta(hours=1)
+    waiting = publish(channel, b"x", producer="shop", message_id="waiting", scheduled_for=later)
+    sent = publish(channel, b"x", producer="shop", message_id="sent")
+    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
+
+    response = client.post(
+        "/admin/broker/message/",
+        {"action": "cancel_scheduled", "_selected_action": [waiting.pk, sent.pk]},
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    assert "Cancelled 1 scheduled message(s)." in response.content.decode()
+    assert list(Message.objects.values_list("public_id", flat=True)) == ["sent"]
