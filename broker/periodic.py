@@ -25,9 +25,7 @@ from broker.models import Message, PeriodicMessage
 from broker.publishing import (
     DuplicateMessage,
     PublishError,
-    _encode_payload,
-    _validate,
-    _validate_ordering_key,
+    check_message,
     publish,
 )
 from jobs.models import Job
@@ -156,10 +154,15 @@ def _matches_every_hour(expression: str) -> bool:
 def validate_publishable(schedule: PeriodicMessage) -> None:
     """Raise the PublishError that publishing a tick of this schedule would raise, if any: the
     API checks a schedule once, so that its ticks do not fail one by one later."""
-    _encode_payload(bytes(schedule.payload), schedule.content_type)
     tick = timezone.now().replace(microsecond=0)
-    _validate(tick_message_id(schedule, tick), schedule.priority, dict(schedule.headers))
-    _validate_ordering_key(schedule.ordering_key)
+    check_message(
+        bytes(schedule.payload),
+        tick_message_id(schedule, tick),
+        schedule.priority,
+        schedule.headers,
+        schedule.content_type,
+        schedule.ordering_key,
+    )
 
 
 def tick_message_id(schedule: PeriodicMessage, tick: datetime) -> str:

@@ -93,11 +93,11 @@ def publish(
     row (SPEC §6.7, broker/payloads.py). If the caller's transaction then rolls back, that file
     stays behind until `manage.py purge_orphan_payloads` removes it.
     """
-    body, content_type = _encode_payload(payload, content_type)
     message_id = message_id if message_id is not None else uuid.uuid4().hex
     ordering_key = ordering_key or ""
-    _validate(message_id, priority, dict(headers or {}))
-    _validate_ordering_key(ordering_key)
+    body, content_type = check_message(
+        payload, message_id, priority, headers or {}, content_type, ordering_key
+    )
     if scheduled_for is not None:
         scheduled_for = _validate_schedule(scheduled_for)
     message = Message(
@@ -267,6 +267,22 @@ def _validate_schedule(when: datetime) -> datetime:
         return when.astimezone(UTC)
     except OverflowError:
         raise InvalidMessage("scheduled_for is out of range.") from None
+
+
+def check_message(
+    payload: bytes | str | dict[str, Any] | list[Any],
+    message_id: str,
+    priority: int,
+    headers: Mapping[str, str],
+    content_type: str | None,
+    ordering_key: str,
+) -> tuple[bytes, str]:
+    """What `publish()` checks before storing anything; InvalidMessage or PayloadTooLarge when
+    the message would be refused. Returns the payload as bytes and its content type."""
+    body, content_type = _encode_payload(payload, content_type)
+    _validate(message_id, priority, dict(headers))
+    _validate_ordering_key(ordering_key)
+    return body, content_type
 
 
 def _encode_payload(
