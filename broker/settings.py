@@ -123,6 +123,7 @@ STORAGES = {
 }
 
 STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]  # the operator UI's CSS (templates/ui/)
 STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 # WhiteNoise serves static files from the app itself, so the admin looks right under gunicorn with
 # no web server in front. Finders let a first run work before `collectstatic`.

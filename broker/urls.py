@@ -1,9 +1,9 @@
-"""Routes: webhook-broker's REST paths (SPEC §4), the schema and docs, health, the admin."""
+"""Routes: webhook-broker's REST paths (SPEC §4), the schema and docs, health, the admin, the UI."""
 
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path, register_converter
+from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from broker import views
@@ -86,6 +86,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("admin/", admin.site.urls),
+    path("ui/", include("ui.urls")),
 ]
 
 handler400 = errors.bad_request

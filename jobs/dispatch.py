@@ -80,6 +80,7 @@ class Dispatcher:
         self._sent: set[int] = set()  # job IDs whose request headers are on the wire
         self._consumers: dict[int, Consumer] = {}  # decrypted, as of their changed_at
         self._finished: list[AttemptResult] = []  # kept until recorded, across database outages
+        self._recording = 0  # results being recorded right now
         # Two database threads (started on first use), each with its own connection, so that
         # recording outcomes never holds up the next claim. SQLite has one writer at a time:
         # there one thread does both.
@@ -259,7 +260,10 @@ class Dispatcher:
                 if loop.time() >= next_release and not self.stopping:
                     await self._db(self.release_due)
                     next_release = loop.time() + RELEASE_SECONDS
-                room = self.config.concurrency - len(in_flight)
+                # Answered but unrecorded jobs are still INFLIGHT in the database: counting them
+                # keeps what one dispatcher holds, and could deliver twice if it died, within
+                # --concurrency.
+                room = self.config.concurrency - len(in_flight) - self._unrecorded
                 if not self.stopping and room > 0:
                     claimed = await self._db(self.claim, min(room, self.config.batch_size))
                     for request in claimed:
@@ -289,11 +293,18 @@ class Dispatcher:
 
         Results that could not be recorded (database down) are kept for a later pass.
         """
+        self._recording = len(results)
         try:
             await self._db(self.complete, results, thread=self._recorder)
         except DatabaseDown:
             self._finished[:0] = results
             await asyncio.sleep(self.config.poll_seconds)
+        finally:
+            self._recording = 0
+
+    @property
+    def _unrecorded(self) -> int:
+        return len(self._finished) + self._recording
 
     async def _send(
         self, session: aiohttp.ClientSession, request: DeliveryRequest

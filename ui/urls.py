@@ -1,0 +1,19 @@
+"""Routes of the operator UI, included under /ui/ by broker/urls.py."""
+
+from __future__ import annotations
+
+from django.urls import path
+from django.views.generic import RedirectView
+
+from ui import views
+
+app_name = "ui"
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="ui:dead-jobs")),
+    path("dead-jobs", views.dead_jobs, name="dead-jobs"),
+    path("dead-jobs/bulk", views.bulk_action, name="bulk-action"),
+    path("dead-jobs/requeue-since", views.requeue_since, name="requeue-since"),
+    path("jobs/<int:job_id>", views.job_detail, name="job"),
+    path("jobs/<int:job_id>/requeue", views.requeue_job, name="requeue-job"),
+]

@@ -1,0 +1,193 @@
+"""Dead jobs and job detail pages. Views stay thin: every status change goes through the job
+state machine's own methods (`Job.requeue`, `JobQuerySet.requeue_dead`) and `delete_jobs`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from django import forms
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job, delete_jobs
+from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
+
+PAGE_SIZE = 50
+PREVIEW_BYTES = 4096
+
+View = TypeVar("View", bound=Callable[..., HttpResponse])
+
+
+def staff_only(view: View) -> View:
+    """Staff members only; anyone else goes to the admin's login page and back."""
+    return staff_member_required(view, login_url="admin:login")
+
+
+class DeadJobFilters(forms.Form):
+    channel = forms.CharField(required=False)
+    consumer = forms.CharField(required=False)
+    since = forms.DateTimeField(required=False)
+    until = forms.DateTimeField(required=False)
+    status_code = forms.IntegerField(required=False, min_value=100, max_value=599)
+    error = forms.CharField(required=False)
+    cursor = forms.CharField(required=False)
+
+    def apply(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        data = self.cleaned_data
+        if data["channel"]:
+            jobs = jobs.filter(consumer__channel_id=data["channel"])
+        if data["consumer"]:
+            jobs = jobs.filter(consumer__public_id=data["consumer"])
+        if data["since"]:
+            jobs = jobs.filter(status_changed_at__gte=data["since"])
+        if data["until"]:
+            jobs = jobs.filter(status_changed_at__lt=data["until"])
+        if data["status_code"] is not None:
+            # A Q object: the annotation is unknown to the type checker's model of Job.
+            jobs = jobs.filter(Q(last_status_code=data["status_code"]))
+        if data["error"]:
+            jobs = jobs.filter(last_error__icontains=data["error"])
+        if cursor := parse_cursor(data["cursor"]):
+            changed_at, pk = cursor
+            jobs = jobs.filter(
+                Q(status_changed_at__lt=changed_at) | Q(status_changed_at=changed_at, pk__lt=pk)
+            )
+        return jobs
+
+
+class RequeueSinceForm(forms.Form):
+    channel = forms.CharField()
+    consumer = forms.CharField()
+    since = forms.DateTimeField()
+
+
+def parse_cursor(value: str) -> tuple[datetime, int] | None:
+    """A page cursor is the (status_changed_at, id) of the last row of the previous page."""
+    changed_at, _, pk = value.rpartition("~")
+    try:
+        return datetime.fromisoformat(changed_at), int(pk)
+    except ValueError:
+        return None
+
+
+def dead_jobs_with_last_status() -> QuerySet[Job]:
+    last_attempt = DeliveryAttempt.objects.filter(job=OuterRef("pk")).order_by("-started_at")
+    return (
+        Job.objects.filter(status=DEAD)
+        .select_related("message", "consumer")
+        .defer("message__payload")  # never load payloads for a listing
+        .annotate(last_status_code=Subquery(last_attempt.values("status_code")[:1]))
+        .order_by("-status_changed_at", "-pk")
+    )
+
+
+@require_GET
+@staff_only
+def dead_jobs(request: HttpRequest) -> HttpResponse:
+    filters = DeadJobFilters(request.GET)
+    jobs: list[Job] = []
+    next_page = None
+    if filters.is_valid():
+        # One row more than a page says whether there is a next page, without a COUNT(*).
+        jobs = list(filters.apply(dead_jobs_with_last_status())[: PAGE_SIZE + 1])
+        if len(jobs) > PAGE_SIZE:
+            jobs = jobs[:PAGE_SIZE]
+            query = request.GET.copy()
+            query["cursor"] = f"{jobs[-1].status_changed_at.isoformat()}~{jobs[-1].pk}"
+            next_page = query.urlencode()
+    first_page = request.GET.copy()
+    first_page.pop("cursor", None)
+    context = {
+        "filters": filters,
+        "jobs": jobs,
+        "next_page": next_page,
+        "first_page": first_page.urlencode(),
+        "is_first_page": "cursor" not in request.GET,
+    }
+    return render(request, "ui/dead_jobs.html", context)
+
+
+@require_GET
+@staff_only
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_object_or_404(
+        Job.objects.select_related("message", "consumer").defer("message__payload"), pk=job_id
+    )
+    context = {
+        "job": job,
+        "message": job.message,
+        "preview": payload_preview(job),
+        "attempts": job.delivery_attempts.order_by("started_at"),
+    }
+    return render(request, "ui/job.html", context)
+
+
+def payload_preview(job: Job) -> str | None:
+    """The start of an inline payload as text; None when it is offloaded (it is not read)."""
+    if job.message.payload_file:
+        return None
+    head = Job.objects.filter(pk=job.pk).values_list("message__payload", flat=True).get()
+    return bytes(head[:PREVIEW_BYTES]).decode("utf-8", errors="replace")
+
+
+@require_POST
+@staff_only
+def requeue_job(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_object_or_404(Job, pk=job_id)
+    try:
+        job.requeue()
+    except (ForbiddenTransition, TransitionConflict) as error:
+        messages.error(request, str(error))
+    else:
+        messages.success(request, f"Job {job.pk} was requeued.")
+    return redirect("ui:job", job_id=job.pk)
+
+
+@require_POST
+@staff_only
+def bulk_action(request: HttpRequest) -> HttpResponse:
+    ids = [int(pk) for pk in request.POST.getlist("job") if pk.isdigit()]
+    selected = Job.objects.filter(pk__in=ids)
+    action = request.POST.get("action")
+    if not ids:
+        messages.warning(request, "No jobs were selected.")
+    elif action == "requeue":
+        messages.success(request, f"Requeued {selected.requeue_dead()} of {len(ids)} jobs.")
+    elif action == "delete":
+        deleted = delete_jobs(selected.filter(status=DEAD))
+        messages.success(request, f"Deleted {deleted} of {len(ids)} jobs.")
+    else:
+        messages.error(request, "Unknown action.")
+    return back_to_list(request)
+
+
+@require_POST
+@staff_only
+def requeue_since(request: HttpRequest) -> HttpResponse:
+    form = RequeueSinceForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Requeue since needs a channel, a consumer and a time.")
+        return back_to_list(request)
+    data: dict[str, Any] = form.cleaned_data
+    consumer = get_object_or_404(Consumer, channel_id=data["channel"], public_id=data["consumer"])
+    dead = Job.objects.filter(consumer=consumer, status_changed_at__gte=data["since"])
+    count = dead.requeue_dead()
+    messages.success(request, f"Requeued {count} dead jobs of {consumer.public_id}.")
+    return back_to_list(request)
+
+
+def back_to_list(request: HttpRequest) -> HttpResponseRedirect:
+    """Back to the page the form was on (its filters kept), if that is a page of this site."""
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}):
+        target = reverse("ui:dead-jobs")
+    return HttpResponseRedirect(target)
