@@ -242,10 +242,11 @@ def prepare(bench: Bench, consumers: int, port: int, max_in_flight: int | None =
 # With `keys` > 0, message g gets the ordering key "k<g mod keys>" (round robin over the keys).
 QUEUE_SQL = """
 WITH message AS (
-    INSERT INTO broker_message (channel_id, producer_id, public_id, payload, content_type,
-        priority, headers, ordering_key, status, received_at, dispatched_at)
-    SELECT %(channel)s, %(producer)s, %(prefix)s::text || g, %(payload)s::bytea,
-        'application/json', 0, '{}'::jsonb,
+    INSERT INTO broker_message (channel_id, producer_id, public_id, payload, payload_file,
+        payload_size, content_type, priority, headers, ordering_key, status, received_at,
+        dispatched_at)
+    SELECT %(channel)s, %(producer)s, %(prefix)s::text || g, %(payload)s::bytea, '',
+        length(%(payload)s::bytea), 'application/json', 0, '{}'::jsonb,
         CASE WHEN %(keys)s::int > 0 THEN 'k' || g %% %(keys)s::int ELSE '' END, 'DISPATCHED', t, t
     FROM generate_series(1, %(messages)s::int) AS g,
         LATERAL (SELECT now() - (%(messages)s::int - g) * interval '1 microsecond' AS t) AS at
