@@ -113,6 +113,12 @@ class Job(models.Model):
                 condition=Q(status=DEAD),
                 name="job_consumer_dead_idx",
             ),
+            # The operator UI's dead jobs across consumers, newest first, keyset-paginated.
+            models.Index(
+                fields=["-status_changed_at", "-id"],
+                condition=Q(status=DEAD),
+                name="job_dead_recent_idx",
+            ),
             # Per-consumer in-flight counts for the maxInFlight cap of the push claim.
             models.Index(
                 fields=["consumer"], condition=Q(status=INFLIGHT), name="job_consumer_inflight_idx"
