@@ -229,18 +229,24 @@ def _insert_portable(message: Message) -> None:
     message.dispatched_at = now if consumer_ids else None
     with transaction.atomic():
         message.save(force_insert=True)
-        Job.objects.bulk_create(
-            Job(
-                message=message,
-                consumer_id=consumer_id,
-                priority=message.priority,
-                ordering_key=message.ordering_key,
-                next_attempt_at=now,
-                created_at=now,
-                status_changed_at=now,
-            )
-            for consumer_id in consumer_ids
+        create_jobs(message, consumer_ids, now)
+
+
+def create_jobs(message: Message, consumer_ids: list[int], now: datetime) -> None:
+    """One QUEUED job per consumer, due at `now`, with the message's priority and ordering key:
+    the ORM form of a fan-out (SQLite publishes, and releases of scheduled messages)."""
+    Job.objects.bulk_create(
+        Job(
+            message_id=message.pk,
+            consumer_id=consumer_id,
+            priority=message.priority,
+            ordering_key=message.ordering_key,
+            next_attempt_at=now,
+            created_at=now,
+            status_changed_at=now,
         )
+        for consumer_id in consumer_ids
+    )
 
 
 def _insert_scheduled(message: Message) -> None:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from broker.conf import broker_settings
 from broker.models import Message
-from broker.publishing import ScheduleTooSoon
+from broker.publishing import ScheduleTooSoon, create_jobs
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.states import QUEUED
@@ -179,18 +179,7 @@ def _release_one(message: Message, consumer_ids: list[int], now: datetime) -> in
         status=status, dispatched_at=now if consumer_ids else None
     )
     if won:
-        Job.objects.bulk_create(
-            Job(
-                message_id=message.pk,
-                consumer_id=consumer_id,
-                priority=message.priority,
-                ordering_key=message.ordering_key,
-                next_attempt_at=now,
-                created_at=now,
-                status_changed_at=now,
-            )
-            for consumer_id in consumer_ids
-        )
+        create_jobs(message, consumer_ids, now)
     return won
 
 
