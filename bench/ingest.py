@@ -28,7 +28,6 @@ import asyncio
 import json
 import math
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -40,10 +39,10 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
+from dispatch_harness import machine  # the run's header: date, CPU, versions, load, commit
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -423,25 +422,6 @@ def report(result: LoadResult) -> None:
         f"  postgres {result.database_cpu * per_message:.2f}"
         f"  client {result.client_cpu * per_message:.2f}",
         flush=True,
-    )
-
-
-def machine() -> str:
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    with admin_connection() as conn:
-        row = conn.execute("SHOW server_version").fetchone()
-    postgres = row[0] if row else "?"
-    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    return (
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {CORES} cores ({model}); Python"
-        f" {platform.python_version()}; PostgreSQL {postgres}; load average {load}"
     )
 
 
