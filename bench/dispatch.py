@@ -111,7 +111,7 @@ CLAIM_FLAT_FACTOR = 2.0  # "flat": 100 times the queue costs less than twice as 
 
 def scenario_drain(bench: Bench) -> None:
     args = bench.args
-    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    options = bench.options()
     print(f"\n== drain: {args.jobs} queued jobs, fast receiver; manage.py dispatch {options}")
     with receivers(bench) as sinks:
         for consumers in args.consumers:
@@ -171,7 +171,7 @@ def scenario_celery(bench: Bench) -> None:
             ours = bench.drains.get((consumers, processes))
             if ours is None:
                 ids = prepare(bench, consumers, sinks.port, args.max_in_flight or None)
-                options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+                options = bench.options()
                 label = f"ours, {processes} dispatcher(s), {consumers} consumer(s)"
                 ours = drain_queued(bench, sinks, label, processes, options, ids)
                 bench.drains[consumers, processes] = ours
@@ -313,7 +313,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def scenario_latency(bench: Bench) -> None:
     args = bench.args
-    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    options = bench.options()
     print(
         f"\n== latency: broker.publish() in this process at {args.latency_rate:g} messages/s,"
         f" {args.latency_warmup:g} s warm-up then {args.latency_seconds:g} s measured;"
@@ -372,7 +372,7 @@ def build_backlog(
 
 def scenario_backlog(bench: Bench) -> None:
     args = bench.args
-    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    options = bench.options()
     consumers, processes = args.backlog_consumers, args.backlog_dispatchers
     print(
         f"\n== backlog: {args.jobs} deliveries with {args.backlog_rows:,} other queued jobs in"
@@ -441,7 +441,7 @@ def prepare_paused_consumer(port: int) -> int:
 
 def scenario_ordered(bench: Bench) -> None:
     args = bench.args
-    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    options = bench.options()
     keys = args.ordered_keys
     print(
         f"\n== ordered: {args.jobs} jobs to 1 consumer, unordered, then ordered with {keys:,}"
@@ -487,7 +487,7 @@ def scenario_scheduled(bench: Bench) -> None:
     from broker import publish
 
     args = bench.args
-    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    options = bench.options()
     count, spacing = args.scheduled_messages, args.scheduled_spacing
     print(
         f"\n== scheduled: {count} messages scheduled {spacing:g} s apart (broker.publish() with"
@@ -593,7 +593,7 @@ class Sample:
 
 def scenario_rss(bench: Bench) -> None:
     args = bench.args
-    options = DispatchOptions(args.concurrency, args.batch_size, args.poll_seconds)
+    options = bench.options()
     print(
         f"\n== rss: dispatcher resident memory over {args.rss_seconds:g} s while publishing"
         f" {args.rss_rate:g} messages/s (broker.publish() in this process) to 1 consumer;"

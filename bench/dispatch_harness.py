@@ -150,6 +150,10 @@ class Bench:
         self.verdicts.append(Verdict(scenario, figure, target, met))
         print(f"  TARGET {target}: {figure} -> {'met' if met else 'NOT met'}", flush=True)
 
+    def options(self) -> DispatchOptions:
+        """The dispatcher options the command line asked for."""
+        return DispatchOptions(self.args.concurrency, self.args.batch_size, self.args.poll_seconds)
+
     def scalar(self, query: str, params: dict[str, Any] | None = None) -> Any:
         row = self.db.execute(query, params).fetchone()
         return row[0] if row else None
