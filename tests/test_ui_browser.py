@@ -7,91 +7,16 @@ to refresh the screenshots in docs/screenshots/.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
 from datetime import timedelta
-from pathlib import Path
 
-import aiohttp
-import pytest
-from django.contrib.auth.models import User
-from django.db import connection
 from django.utils import timezone
 
-from jobs.delivery import AttemptResult, DeliveryRequest, deliver
-from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD
+from tests.browser import browser_test, dispatch_once, log_in, screenshot
 from tests.helpers import make_channel, make_consumer, make_job, make_producer
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    # Without these Chromium keeps trying to reach Google's hosts, which this network refuses.
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
-
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"
-    ),
-]
-
-
-@pytest.fixture
-def page(monkeypatch):
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
-    # between browser steps are still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.set_default_timeout(10_000)
-        yield page
-        browser.close()
-        # The ORM work of the test ran in the context Playwright's sync API set up; its
-        # connection would outlive the test and block the test database's teardown.
-        connection.close()
-
-
-def screenshot(page, name: str) -> None:
-    if os.environ.get("UI_SCREENSHOTS") == "1":
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=SCREENSHOTS / name, full_page=True)
-
-
-def dispatch_once() -> list[AttemptResult]:
-    """One dispatcher step (claim, deliver, record) in a thread of its own: asyncio.run cannot
-    start inside the event loop that Playwright keeps in the test's thread."""
-    results: list[AttemptResult] = []
-
-    async def deliver_all(requests: list[DeliveryRequest]) -> None:
-        async with aiohttp.ClientSession() as session:
-            results.extend(await asyncio.gather(*(deliver(session, r, 2.0) for r in requests)))
-
-    def step() -> None:
-        dispatcher = Dispatcher(DispatcherConfig(dispatcher_id="ui-test-dispatcher"))
-        try:
-            asyncio.run(deliver_all(dispatcher.claim(10)))
-            dispatcher.complete(results)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=step)
-    thread.start()
-    thread.join(timeout=30)
-    return results
+pytestmark = browser_test
 
 
 def dead_job_with_two_attempts(callback_url: str) -> Job:
@@ -123,14 +48,9 @@ def dead_job_with_two_attempts(callback_url: str) -> Job:
 
 
 def test_requeue_a_dead_job_and_see_it_delivered(page, live_server, receiver):
-    User.objects.create_user("ops", password="ops-password", is_staff=True)
     job = dead_job_with_two_attempts(receiver.url("/hook"))
 
-    page.goto(f"{live_server.url}/admin/login/?next=/ui/dead-jobs")
-    page.fill("#id_username", "ops")
-    page.fill("#id_password", "ops-password")
-    page.click("input[type=submit]")
-    page.wait_for_url("**/ui/dead-jobs")
+    log_in(page, live_server, "/ui/dead-jobs")
     assert page.locator("h1").inner_text() == "Dead jobs"
     assert page.evaluate("getComputedStyle(document.querySelector('header')).display") == "flex"
     screenshot(page, "dead-jobs.png")

@@ -1,11 +1,12 @@
-"""Routes of the operator UI, included under /ui/ by broker/urls.py."""
+"""Routes of the operator UI, included under /ui/ by broker/urls.py. Each page area keeps its
+own `urlpatterns` next to its views."""
 
 from __future__ import annotations
 
 from django.urls import path
 from django.views.generic import RedirectView
 
-from ui import views
+from ui import consumer_pages, dashboard, message_pages, schedule_pages, views
 
 app_name = "ui"
 
@@ -16,4 +17,8 @@ urlpatterns = [
     path("dead-jobs/requeue-since", views.requeue_since, name="requeue-since"),
     path("jobs/<int:job_id>", views.job_detail, name="job"),
     path("jobs/<int:job_id>/requeue", views.requeue_job, name="requeue-job"),
+    *dashboard.urlpatterns,
+    *consumer_pages.urlpatterns,
+    *message_pages.urlpatterns,
+    *schedule_pages.urlpatterns,
 ]

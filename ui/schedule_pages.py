@@ -1,0 +1,7 @@
+"""Scheduled and periodic messages: list, create, cancel, enable/disable."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern
+
+urlpatterns: list[URLPattern] = []
