@@ -4,14 +4,12 @@ own `urlpatterns` next to its views."""
 from __future__ import annotations
 
 from django.urls import path
-from django.views.generic import RedirectView
 
 from ui import consumer_pages, dashboard, message_pages, schedule_pages, views
 
 app_name = "ui"
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="ui:dead-jobs")),
     path("dead-jobs", views.dead_jobs, name="dead-jobs"),
     path("dead-jobs/bulk", views.bulk_action, name="bulk-action"),
     path("dead-jobs/requeue-since", views.requeue_since, name="requeue-since"),
