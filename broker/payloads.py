@@ -38,6 +38,13 @@ class PayloadMissing(LookupError):
         super().__init__(f"{PAYLOAD_MISSING}: the offloaded payload is no longer in storage")
 
 
+class PayloadNotStored(Exception):
+    """The payload storage refused a write (disk full, bucket unreachable, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__("The payload storage cannot take the payload now; try again later.")
+
+
 def payload_storage() -> Storage:
     return storages[broker_settings.BROKER_PAYLOAD_STORAGE]
 
@@ -49,7 +56,13 @@ def should_offload(body: bytes) -> bool:
 
 def store(body: bytes) -> str:
     """Write a payload to storage under a new random name, and return that name."""
-    return payload_storage().save(uuid.uuid4().hex, ContentFile(body))
+    name = uuid.uuid4().hex
+    try:
+        return payload_storage().save(name, ContentFile(body))
+    except Exception as exc:  # each backend raises its own (OSError, botocore, ...)
+        logger.error("could not store an offloaded payload: %s", exc)
+        delete(name)  # what a failed write left behind (FileSystemStorage keeps partial files)
+        raise PayloadNotStored from exc
 
 
 def open_payload(name: str) -> File[bytes]:

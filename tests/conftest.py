@@ -13,6 +13,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(skip)
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    from tests.faults import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("fault injection figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
+
 ADMIN_TOKEN = "test-admin-token"
 FORM = "application/x-www-form-urlencoded"
 

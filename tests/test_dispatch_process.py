@@ -7,10 +7,8 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.db import DatabaseError, connection
@@ -20,38 +18,10 @@ from broker.models import Channel
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
+from tests.processes import start_dispatcher, wait_until
 from tests.receiver import Reply
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-
-def start_dispatcher(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
-    """A dispatcher process on this test's database."""
-    return start_manage("dispatch", *arguments, **environment_overrides)
-
-
-def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
-    """`manage.py <arguments>` as a process of its own, on this test's database."""
-    settings = connection.settings_dict
-    environment = {
-        **os.environ,
-        **environment_overrides,
-        "DJANGO_SETTINGS_MODULE": "broker.settings",
-        "DATABASE_URL": (
-            f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/"
-            f"{settings['NAME']}"
-        ),
-        "BROKER_ALLOW_PRIVATE_CALLBACKS": "true",
-    }
-    return subprocess.Popen(
-        [sys.executable, "manage.py", *arguments],
-        cwd=ROOT,
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
 
 
 def channel_delivering_to(receiver) -> Channel:
@@ -62,15 +32,6 @@ def channel_delivering_to(receiver) -> Channel:
     consumer.callback_url = receiver.url()
     consumer.save()
     return channel
-
-
-def wait_until(condition, seconds: float) -> float:
-    """Poll until `condition()` is true; return how long it took (fail after `seconds`)."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < seconds, "timed out"
-        time.sleep(0.02)
-    return time.monotonic() - started
 
 
 def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(receiver):

@@ -18,7 +18,7 @@ from jobs.housekeeping import purge_delivered
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED
 from tests.helpers import make_channel, make_consumer, make_producer
-from tests.test_dispatch_process import start_manage, wait_until
+from tests.processes import start_manage, wait_until
 
 pytestmark = pytest.mark.django_db
 

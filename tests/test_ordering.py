@@ -15,9 +15,9 @@ from consumers.models import Consumer
 from jobs.models import Job
 from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
+from tests.processes import start_dispatcher, wait_until
 from tests.receiver import Received, Reply
 from tests.test_dispatch import push_consumer, run_once
-from tests.test_dispatch_process import start_dispatcher, wait_until
 
 pytestmark = pytest.mark.django_db
 

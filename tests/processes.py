@@ -1,0 +1,50 @@
+"""The broker's commands as real processes on the test's database, and waiting for them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_dispatcher(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
+    """A dispatcher process on this test's database."""
+    return start_manage("dispatch", *arguments, **environment_overrides)
+
+
+def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
+    """`manage.py <arguments>` as a process of its own, on this test's database."""
+    settings = connection.settings_dict
+    environment = {
+        **os.environ,
+        **environment_overrides,
+        "DJANGO_SETTINGS_MODULE": "broker.settings",
+        "DATABASE_URL": (
+            f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/"
+            f"{settings['NAME']}"
+        ),
+        "BROKER_ALLOW_PRIVATE_CALLBACKS": "true",
+    }
+    return subprocess.Popen(
+        [sys.executable, "manage.py", *arguments],
+        cwd=ROOT,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_until(condition, seconds: float) -> float:
+    """Poll until `condition()` is true; return how long it took (fail after `seconds`)."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < seconds, "timed out"
+        time.sleep(0.02)
+    return time.monotonic() - started
