@@ -168,22 +168,22 @@ def admin_connection() -> psycopg.Connection[tuple[Any, ...]]:
     )
 
 
-def drop_database() -> None:
+def drop_database(name: str = DATABASE) -> None:
     with admin_connection() as conn:
         conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
 
 
 @contextmanager
-def fresh_database() -> Iterator[str]:
-    drop_database()
+def fresh_database(name: str = DATABASE) -> Iterator[str]:
+    drop_database(name)
     with admin_connection() as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        yield f"postgres://{PG_USER}@{HOST}:{PG_PORT}/{DATABASE}"
+        yield f"postgres://{PG_USER}@{HOST}:{PG_PORT}/{name}"
     finally:
-        drop_database()
+        drop_database(name)
 
 
 def broker_environment(database_url: str) -> dict[str, str]:

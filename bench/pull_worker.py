@@ -1,0 +1,89 @@
+"""A pull consumer for bench/soak.py, run as a process of its own.
+
+It claims jobs over the REST API (`POST …/claim` with a long poll), reports each one DELIVERED,
+and on SIGTERM writes what it took to `--out` as JSON: {"<message ID>": [claims, first claim
+time.time()]}, so the soak can count lost and repeated jobs and the publish → claim latency.
+
+    .venv/bin/python bench/pull_worker.py --api http://127.0.0.1:8000 --channel bench \\
+        --consumer p0 --channel-token T --consumer-token T --out p0.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+
+CLAIM_LIMIT = 50
+LONG_POLL_SECONDS = 1
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.base = f"{args.api}/channel/{args.channel}/consumer/{args.consumer}"
+        self.session = requests.Session()
+        self.session.headers.update(
+            {
+                "X-Broker-Channel-Token": args.channel_token,
+                "X-Broker-Consumer-Token": args.consumer_token,
+            }
+        )
+        self.taken: dict[str, list[float]] = {}
+        self.errors = 0
+        self.stopping = False
+
+    def step(self) -> None:
+        """One claim and the reports of what it took."""
+        claimed = self.session.post(
+            f"{self.base}/claim", json={"limit": CLAIM_LIMIT, "wait": LONG_POLL_SECONDS}
+        )
+        if claimed.status_code != 200:
+            self.errors += 1
+            time.sleep(0.5)
+            return
+        now = time.time()
+        for job in claimed.json()["Result"]:
+            self.remember(job["Message"]["MessageID"], now)
+            done = self.session.post(
+                f"{self.base}/job/{job['ID']}", json={"NextState": "DELIVERED"}
+            )
+            if done.status_code != 202:
+                self.errors += 1
+
+    def remember(self, message_id: str, when: float) -> None:
+        seen = self.taken.setdefault(message_id, [0, when])
+        seen[0] += 1
+
+    def run(self) -> None:
+        while not self.stopping:
+            try:
+                self.step()
+            except requests.RequestException:
+                self.errors += 1
+                time.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    for name in ("--api", "--channel", "--consumer", "--channel-token", "--consumer-token"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    worker = Worker(args)
+
+    def stop(*_: Any) -> None:
+        worker.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    worker.run()
+    args.out.write_text(json.dumps({"errors": worker.errors, "jobs": worker.taken}))
+
+
+if __name__ == "__main__":
+    main()
