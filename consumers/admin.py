@@ -6,8 +6,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from consumers.api import set_paused
 from consumers.models import Consumer
+from consumers.services import set_paused
 
 
 @admin.register(Consumer)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -21,17 +21,17 @@ from broker.api.serializers import (
     ListResultSerializer,
     StakeholderForm,
     StakeholderSerializer,
-    parse_int,
     read_form,
     validate_path_id,
 )
-from broker.api.stakeholders import apply_stakeholder_form
 from broker.models import Channel
-from consumers.models import Consumer, validate_callback_url
-from consumers.safety import UnsafeCallback, check_callback_url
-from jobs.signing import InvalidSecret, decode_secret
+from consumers import services
+from consumers.models import Consumer
 
-MAX_RETRIES = 50
+# Re-exported: the admin's pause/resume actions and older imports use it from here.
+
+
+T = TypeVar("T")
 CIRCUIT_STATES = ["closed", "open", "half-open"]  # Consumer.circuit_state
 
 
@@ -68,16 +68,6 @@ class ConsumerSerializer(StakeholderSerializer):
         return consumer.circuit_state(timezone.now())
 
 
-def _int_list(value: str, *, low: int, high: int, what: str) -> list[int]:
-    try:
-        numbers = [parse_int(item) for item in value.split(",") if item.strip()]
-    except ValueError:
-        raise serializers.ValidationError(f"{what}: comma-separated integers.") from None
-    if any(not low <= number <= high for number in numbers):
-        raise serializers.ValidationError(f"{what}: each between {low} and {high}.")
-    return numbers
-
-
 class ConsumerForm(StakeholderForm):
     callbackUrl = serializers.CharField(max_length=2048)  # noqa: N815 (wire name)
     type = serializers.ChoiceField(choices=Consumer.Type.values, required=False, allow_blank=True)
@@ -93,49 +83,27 @@ class ConsumerForm(StakeholderForm):
     )
 
     def validate_callbackUrl(self, value: str) -> str:  # noqa: N802
-        try:
-            validate_callback_url(value)
-        except DjangoValidationError:
-            raise serializers.ValidationError("must be an absolute http(s) URL.") from None
-        try:
-            check_callback_url(value)
-        except UnsafeCallback as exc:
-            raise serializers.ValidationError(exc.message) from None
-        return value
+        return _validated(services.checked_callback_url, value)
 
     def validate_retryDelays(self, value: str) -> list[int] | None:  # noqa: N802
-        # Blank: use the global BROKER_RETRY_DELAYS.
-        delays = _int_list(value, low=0, high=7 * 86400, what="retryDelays")
-        if len(delays) > MAX_RETRIES:
-            raise serializers.ValidationError(f"retryDelays: at most {MAX_RETRIES} entries.")
-        return delays if value.strip() else None
+        return _validated(services.parse_retry_delays, value)  # blank: BROKER_RETRY_DELAYS
 
     def validate_nonRetryableStatuses(self, value: str) -> list[int]:  # noqa: N802
-        return _int_list(value, low=100, high=599, what="nonRetryableStatuses")
+        return _validated(services.parse_non_retryable_statuses, value)
 
     def validate_maxInFlight(self, value: str) -> int | None:  # noqa: N802
-        if not value.strip():
-            return None
-        numbers = _int_list(value, low=1, high=100000, what="maxInFlight")
-        if len(numbers) != 1:
-            raise serializers.ValidationError("maxInFlight: one integer.")
-        return numbers[0]
+        return _validated(services.parse_max_in_flight, value)
 
     def validate_signingSecret(self, value: str) -> str:  # noqa: N802
-        try:
-            decode_secret(value)
-        except InvalidSecret as error:
-            raise serializers.ValidationError(f"signingSecret: {error}") from None
-        return value
+        return _validated(services.checked_signing_secret, value)
 
 
-FORM_TO_MODEL = {
-    "callbackUrl": "callback_url",
-    "ordering": "ordering",
-    "retryDelays": "retry_delays",
-    "nonRetryableStatuses": "non_retryable_statuses",
-    "maxInFlight": "max_in_flight",
-}
+def _validated(validator: Callable[[str], T], value: str) -> T:
+    """The shared validator's result, its refusal as a field error of the form."""
+    try:
+        return validator(value)
+    except services.InvalidSetting as error:
+        raise serializers.ValidationError(str(error)) from None
 
 
 class ConsumerListView(APIView):
@@ -158,18 +126,12 @@ class ConsumerDetailView(APIView):
         validate_path_id(consumer_id, "consumer")
         form = read_form(request, ConsumerForm)
         channel = get_object_or_404(Channel, pk=channel_id)
-        with transaction.atomic():
-            consumer = (
-                Consumer.objects.select_for_update()
-                .filter(channel=channel, public_id=consumer_id)
-                .first()
-            )
-            if consumer is None:
-                consumer = Consumer(channel=channel, public_id=consumer_id)
-            else:
-                require_unmodified_since(request, consumer.changed_at)
-            self._apply(consumer, form)
-            consumer.save()
+
+        def unmodified_since(existing: Consumer | None) -> None:
+            if existing is not None:  # creating needs no precondition
+                require_unmodified_since(request, existing.changed_at)
+
+        consumer = services.save_consumer(channel, consumer_id, form, unmodified_since)
         return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
 
     @extend_schema(responses={204: None}, parameters=[IF_UNMODIFIED_SINCE])
@@ -184,34 +146,8 @@ class ConsumerDetailView(APIView):
             consumer.delete()
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @staticmethod
-    def _apply(consumer: Consumer, form: dict[str, Any]) -> None:
-        apply_stakeholder_form(consumer, form, default_name=consumer.public_id)
-        if form.get("type") or consumer._state.adding:
-            consumer.type = form.get("type") or Consumer.Type.PUSH
-        for field, attribute in FORM_TO_MODEL.items():
-            if field in form:
-                setattr(consumer, attribute, form[field])
-        if "signingSecret" in form:
-            consumer.replace_signing_secret(form["signingSecret"])
-
 
 CONSUMER_AS_NOW = OpenApiResponse(ConsumerSerializer, description="the consumer, after the change")
-
-
-def set_paused(consumer: Consumer, paused: bool) -> None:
-    """Pause or resume delivery (SPEC §6.6); callers lock the consumer's row first, so that
-    ChangedAt moves past the latest change.
-
-    Saving moves ChangedAt, so dispatchers reload the consumer; a request that changes nothing
-    (pausing a paused consumer) saves nothing and keeps Last-Modified valid for clients.
-    """
-    if consumer.paused == paused:
-        return
-    consumer.paused = paused
-    # Only these columns: the rest of the instance may be older than the row (the dispatcher
-    # writes the circuit columns at any moment, without a lock when it closes a circuit).
-    consumer.save(update_fields=["paused", "changed_at"])
 
 
 class PauseConsumerView(APIView):
@@ -225,12 +161,7 @@ class PauseConsumerView(APIView):
 
     @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
-        with transaction.atomic():
-            consumer = get_object_or_404(
-                Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
-            )
-            set_paused(consumer, self.paused)
-        return _accepted(consumer)
+        return _accepted(services.pause_consumer(channel_id, consumer_id, self.paused))
 
 
 class ResumeConsumerView(PauseConsumerView):
@@ -248,9 +179,7 @@ class CloseCircuitView(APIView):
 
     @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
-        consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
-        consumer.close_circuit()
-        return _accepted(consumer)
+        return _accepted(services.close_circuit(channel_id, consumer_id))
 
 
 def _accepted(consumer: Consumer) -> Response:
@@ -289,13 +218,7 @@ class SigningSecretView(APIView):
         responses={200: SigningSecretSerializer},
     )
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
-        with transaction.atomic():
-            # Locked so that two concurrent rotations cannot both demote the same secret.
-            consumer = get_object_or_404(
-                Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
-            )
-            consumer.rotate_signing_secret(timezone.now())
-        return _secret_response(consumer)
+        return _secret_response(services.rotate_signing_secret(channel_id, consumer_id))
 
 
 def _secret_response(consumer: Consumer) -> Response:

@@ -101,7 +101,7 @@ class Dispatcher:
             claimed = _claim_portably(limit, now)
         claimed.sort(key=lambda job: (-job.priority, job.due_at))
         consumers = self._consumers_as_of(claimed)
-        return [_request(job, consumers[job.consumer_id], now) for job in claimed]
+        return [delivery_request(job, consumers[job.consumer_id], now) for job in claimed]
 
     def _consumers_as_of(self, claimed: list[ClaimedJob]) -> dict[int, Consumer]:
         """The claimed jobs' consumers, loaded (and their secrets decrypted) only when changed.
@@ -645,7 +645,7 @@ def _apply(result: AttemptResult, outcome: Outcome) -> None:
         Consumer.objects.filter(pk=result.consumer_id).update(paused=True)
 
 
-def _request(job: ClaimedJob, consumer: Consumer, now: datetime) -> DeliveryRequest:
+def delivery_request(job: ClaimedJob, consumer: Consumer, now: datetime) -> DeliveryRequest:
     """The HTTP request for one claimed job: payload, broker headers, metadata, signatures.
 
     An offloaded payload (SPEC §6.7) is not read here, on the claiming thread: `deliver` reads,

@@ -17,8 +17,8 @@ from django.test import Client
 from django.utils.http import http_date
 
 from broker import publish
-from consumers.api import set_paused
 from consumers.models import Consumer
+from consumers.services import set_paused
 from jobs.models import Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.conftest import ADMIN_TOKEN

@@ -1,0 +1,182 @@
+"""Consumer settings and controls, shared by the REST API (consumers/api.py) and the operator UI
+(ui/consumer_pages.py): one validation of the settings, one way to save them, pause, resume,
+close a circuit and rotate a secret, whichever door the request came through.
+
+Validators take the text of a form field (the API's form-encoded PUT and the UI's HTML form send
+the same text) and raise `InvalidSetting` with a message fit to show next to the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+
+from broker.api.serializers import parse_int
+from broker.api.stakeholders import apply_stakeholder_form
+from broker.models import Channel
+from consumers.models import Consumer, validate_callback_url
+from consumers.safety import UnsafeCallback, check_callback_url
+from jobs.signing import InvalidSecret, decode_secret
+
+MAX_RETRIES = 50
+MAX_RETRY_DELAY_SECONDS = 7 * 86400
+
+# The settings form's fields (the API's wire names) and the model attributes they set.
+FORM_TO_MODEL = {
+    "callbackUrl": "callback_url",
+    "ordering": "ordering",
+    "retryDelays": "retry_delays",
+    "nonRetryableStatuses": "non_retryable_statuses",
+    "maxInFlight": "max_in_flight",
+}
+
+
+class InvalidSetting(ValueError):
+    """A consumer setting that cannot be accepted; str() is the message for the user."""
+
+
+# Validation of the settings (SPEC §4 extensions, §9 callback safety)
+
+
+def checked_callback_url(value: str) -> str:
+    """An absolute http(s) URL whose host the address guard allows (consumers/safety.py)."""
+    try:
+        validate_callback_url(value)
+    except ValidationError:
+        raise InvalidSetting("must be an absolute http(s) URL.") from None
+    try:
+        check_callback_url(value)
+    except UnsafeCallback as exc:
+        raise InvalidSetting(exc.message) from None
+    return value
+
+
+def parse_retry_delays(value: str) -> list[int] | None:
+    """Seconds before each retry; None (blank) means the global BROKER_RETRY_DELAYS."""
+    delays = _int_list(value, low=0, high=MAX_RETRY_DELAY_SECONDS, what="retryDelays")
+    if len(delays) > MAX_RETRIES:
+        raise InvalidSetting(f"retryDelays: at most {MAX_RETRIES} entries.")
+    return delays if value.strip() else None
+
+
+def parse_non_retryable_statuses(value: str) -> list[int]:
+    return _int_list(value, low=100, high=599, what="nonRetryableStatuses")
+
+
+def parse_max_in_flight(value: str) -> int | None:
+    """The per-consumer concurrency cap; None (blank) means the dispatcher's default."""
+    if not value.strip():
+        return None
+    numbers = _int_list(value, low=1, high=100000, what="maxInFlight")
+    if len(numbers) != 1:
+        raise InvalidSetting("maxInFlight: one integer.")
+    return numbers[0]
+
+
+def checked_signing_secret(value: str) -> str:
+    """An imported "whsec_…" secret; the message never repeats the value."""
+    try:
+        decode_secret(value)
+    except InvalidSecret as error:
+        raise InvalidSetting(f"signingSecret: {error}") from None
+    return value
+
+
+def _int_list(value: str, *, low: int, high: int, what: str) -> list[int]:
+    try:
+        numbers = [parse_int(item) for item in value.split(",") if item.strip()]
+    except ValueError:
+        raise InvalidSetting(f"{what}: comma-separated integers.") from None
+    if any(not low <= number <= high for number in numbers):
+        raise InvalidSetting(f"{what}: each between {low} and {high}.")
+    return numbers
+
+
+# Writes
+
+
+def save_consumer(
+    channel: Channel,
+    consumer_id: str,
+    form: dict[str, Any],
+    check: Callable[[Consumer | None], None],
+) -> Consumer:
+    """Create or update a consumer from validated settings (the API's wire names as keys).
+
+    The row is locked while `check` looks at it (None: no such consumer yet) and may raise to
+    refuse the write: the API checks If-Unmodified-Since, the UI its form's ChangedAt, so a change
+    made by someone else in between is never overwritten. An omitted field keeps its value.
+    """
+    with transaction.atomic():
+        consumer = (
+            Consumer.objects.select_for_update()
+            .filter(channel=channel, public_id=consumer_id)
+            .first()
+        )
+        check(consumer)
+        if consumer is None:
+            consumer = Consumer(channel=channel, public_id=consumer_id)
+        apply_settings(consumer, form)
+        consumer.save()
+    return consumer
+
+
+def apply_settings(consumer: Consumer, form: dict[str, Any]) -> None:
+    """Set the form's fields on the consumer (not saved); a new consumer gets its defaults."""
+    apply_stakeholder_form(consumer, form, default_name=consumer.public_id)
+    if form.get("type") or consumer._state.adding:
+        consumer.type = form.get("type") or Consumer.Type.PUSH
+    for field, attribute in FORM_TO_MODEL.items():
+        if field in form:
+            setattr(consumer, attribute, form[field])
+    if "signingSecret" in form:
+        consumer.replace_signing_secret(form["signingSecret"])
+
+
+def set_paused(consumer: Consumer, paused: bool) -> None:
+    """Pause or resume delivery (SPEC §6.6); callers lock the consumer's row first, so that
+    ChangedAt moves past the latest change.
+
+    Saving moves ChangedAt, so dispatchers reload the consumer; a request that changes nothing
+    (pausing a paused consumer) saves nothing and keeps Last-Modified valid for clients.
+    """
+    if consumer.paused == paused:
+        return
+    consumer.paused = paused
+    # Only these columns: the rest of the instance may be older than the row (the dispatcher
+    # writes the circuit columns at any moment, without a lock when it closes a circuit).
+    consumer.save(update_fields=["paused", "changed_at"])
+
+
+def pause_consumer(channel_id: str, consumer_id: str, paused: bool) -> Consumer:
+    """Pause (or resume) the consumer under its row lock and return it as it now is; 404 when
+    there is no such consumer."""
+    with transaction.atomic():
+        consumer = get_object_or_404(
+            Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
+        )
+        set_paused(consumer, paused)
+    return consumer
+
+
+def close_circuit(channel_id: str, consumer_id: str) -> Consumer:
+    """Close the consumer's circuit now (SPEC §6.4) and return it; 404 when there is none."""
+    consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+    consumer.close_circuit()
+    return consumer
+
+
+def rotate_signing_secret(channel_id: str, consumer_id: str) -> Consumer:
+    """Rotate the consumer's signing secret (the old one signs for 24 more hours) and return it."""
+    with transaction.atomic():
+        # Locked so that two concurrent rotations cannot both demote the same secret.
+        consumer = get_object_or_404(
+            Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
+        )
+        consumer.rotate_signing_secret(timezone.now())
+    return consumer
