@@ -186,8 +186,12 @@ def requeue_since(request: HttpRequest) -> HttpResponse:
 
 
 def back_to_list(request: HttpRequest) -> HttpResponseRedirect:
-    """Back to the page the form was on (its filters kept), if that is a page of this site."""
+    return redirect_back(request, reverse("ui:dead-jobs"))
+
+
+def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
+    """To the page the form was on (its filters kept), if that is a page of this site."""
     target = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(target, {request.get_host()}):
-        target = reverse("ui:dead-jobs")
+        target = default
     return HttpResponseRedirect(target)
