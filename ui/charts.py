@@ -1,0 +1,164 @@
+"""Server-rendered SVG charts for the operator UI: no JavaScript, no chart library, no CDN.
+
+The SVG is built as an XML tree (ElementTree escapes every label), then inlined in the page.
+Each bar carries a <title>, which browsers show as a tooltip on hover.
+"""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.utils.safestring import SafeString, mark_safe
+
+SVG_NS = "http://www.w3.org/2000/svg"
+WIDTH, HEIGHT = 640, 240
+LEFT, RIGHT, TOP, BOTTOM = 52, 12, 44, 30  # margins around the plot: axis labels, title, legend
+TEXT = "#374151"
+GRID = "#e5e7eb"
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    values: Sequence[float]  # one per bar
+    colour: str
+
+
+def stacked_bars(
+    title: str,
+    labels: Sequence[str],
+    series: Sequence[Series],
+    *,
+    label_every: int = 1,
+    first_label: int = 0,
+) -> SafeString:
+    """A bar per label, the series stacked bottom-up; x labels on every `label_every`-th bar
+    from the bar numbered `first_label` (so that they can fall on round times)."""
+    if any(len(s.values) != len(labels) for s in series):
+        raise ValueError("every series needs one value per label")
+    svg = ET.Element(
+        "svg",
+        {
+            "xmlns": SVG_NS,
+            "viewBox": f"0 0 {WIDTH} {HEIGHT}",
+            "role": "img",
+            "class": "chart",
+            "font-family": "system-ui, sans-serif",
+            "font-size": "11",
+        },
+    )
+    ET.SubElement(svg, "title").text = title
+    _text(svg, LEFT, 16, title, weight="600", size="13")
+    _legend(svg, series)
+    totals = [sum(s.values[i] for s in series) for i in range(len(labels))]
+    top, step = nice_scale(max(totals, default=0))
+    _y_axis(svg, top, step)
+    _bars(svg, labels, series, top)
+    _x_axis(svg, labels, label_every, first_label)
+    if not any(totals):
+        _text(svg, LEFT + _plot_width() / 2, TOP + _plot_height() / 2, "Nothing yet", "middle")
+    return mark_safe(ET.tostring(svg, encoding="unicode"))  # noqa: S308 (escaped by ElementTree)
+
+
+def nice_scale(largest: float, ticks: int = 4) -> tuple[float, float]:
+    """An axis top and a tick step of 1, 2 or 5 times a power of ten that covers `largest`."""
+    if largest <= 0:
+        return 1.0, 0.25
+    rough = largest / ticks
+    power = 10 ** math.floor(math.log10(rough))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)
+    return math.ceil(largest / step) * step, step
+
+
+def compact_number(value: float) -> str:
+    """1200 -> "1.2k", 3000000 -> "3M", 0.5 -> "0.5"."""
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= size:
+            return f"{value / size:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _plot_width() -> float:
+    return WIDTH - LEFT - RIGHT
+
+
+def _plot_height() -> float:
+    return HEIGHT - TOP - BOTTOM
+
+
+def _y(value: float, top: float) -> float:
+    return TOP + _plot_height() * (1 - value / top)
+
+
+def _y_axis(svg: ET.Element, top: float, step: float) -> None:
+    for i in range(round(top / step) + 1):
+        value = i * step
+        y = _y(value, top)
+        _line(svg, LEFT, y, WIDTH - RIGHT, y, GRID if i else TEXT)
+        _text(svg, LEFT - 6, y + 4, compact_number(value), "end")
+    _line(svg, LEFT, TOP, LEFT, TOP + _plot_height(), TEXT)
+
+
+def _bars(svg: ET.Element, labels: Sequence[str], series: Sequence[Series], top: float) -> None:
+    slot = _plot_width() / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        bar = ET.SubElement(svg, "g", {"class": "bar"})
+        parts = ", ".join(f"{s.name} {s.values[i]:,g}" for s in series)
+        ET.SubElement(bar, "title").text = f"{label}: {parts}"
+        base = 0.0
+        for s in series:
+            if s.values[i] > 0:
+                y = _y(base + s.values[i], top)
+                ET.SubElement(
+                    bar,
+                    "rect",
+                    x=_fmt(LEFT + i * slot + slot * 0.1),
+                    y=_fmt(y),
+                    width=_fmt(slot * 0.8),
+                    height=_fmt(_y(base, top) - y),
+                    fill=s.colour,
+                )
+            base += s.values[i]
+
+
+def _x_axis(svg: ET.Element, labels: Sequence[str], every: int, first: int) -> None:
+    slot = _plot_width() / max(len(labels), 1)
+    for i, label in enumerate(labels):
+        if (i - first) % every == 0:
+            x = LEFT + (i + 0.5) * slot
+            _line(svg, x, TOP + _plot_height(), x, TOP + _plot_height() + 4, TEXT)
+            _text(svg, x, HEIGHT - BOTTOM + 17, label, "middle")
+
+
+def _legend(svg: ET.Element, series: Sequence[Series]) -> None:
+    x = WIDTH - RIGHT
+    for s in reversed(series):  # right-aligned: lay out from the right edge
+        x -= 7 * len(s.name) + 22
+        ET.SubElement(svg, "rect", x=_fmt(x), y="22", width="10", height="10", fill=s.colour)
+        _text(svg, x + 14, 31, s.name)
+
+
+def _line(svg: ET.Element, x1: float, y1: float, x2: float, y2: float, colour: str) -> None:
+    ET.SubElement(svg, "line", x1=_fmt(x1), y1=_fmt(y1), x2=_fmt(x2), y2=_fmt(y2), stroke=colour)
+
+
+def _text(
+    svg: ET.Element,
+    x: float,
+    y: float,
+    content: str,
+    anchor: str = "start",
+    *,
+    weight: str = "normal",
+    size: str = "11",
+) -> None:
+    attributes = {"text-anchor": anchor, "font-weight": weight, "font-size": size, "fill": TEXT}
+    attributes.update(x=_fmt(x), y=_fmt(y))
+    ET.SubElement(svg, "text", attributes).text = content
+
+
+def _fmt(number: float) -> str:
+    return f"{number:.1f}".removesuffix(".0")
