@@ -9,7 +9,12 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from broker import views
 from broker.api import errors
 from broker.api.broadcast import BroadcastView
-from broker.api.messages import MessageDetailView, MessageListView, MessagesStatusView
+from broker.api.messages import (
+    MessageDetailView,
+    MessageListView,
+    MessageReplayView,
+    MessagesStatusView,
+)
 from broker.api.periodic import PeriodicMessageDetailView, PeriodicMessageListView
 from broker.api.scheduled import ScheduledMessageDetailView, ScheduledMessageListView
 from broker.api.stakeholders import (
@@ -58,6 +63,7 @@ urlpatterns = [
     path("channel/<key:channel_id>/messages", MessageListView.as_view()),
     path("channel/<key:channel_id>/messages-status", MessagesStatusView.as_view()),
     path("channel/<key:channel_id>/message/<key:message_id>", MessageDetailView.as_view()),
+    path("channel/<key:channel_id>/message/<key:message_id>/replay", MessageReplayView.as_view()),
     path("channel/<key:channel_id>/scheduled-messages", ScheduledMessageListView.as_view()),
     path(
         "channel/<key:channel_id>/scheduled-message/<key:message_id>",

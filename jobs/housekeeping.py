@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -39,8 +40,13 @@ def purge_delivered(days: int | None = None) -> int:
     )
     deleted = 0
     while batch := list(old.values_list("pk", flat=True)[:BATCH]):
-        Message.objects.filter(pk__in=batch).delete()  # jobs and attempts cascade
-        deleted += len(batch)
+        with transaction.atomic():
+            # Locked, then checked again by a statement of its own (so it sees what committed
+            # while it waited): a replay, which locks its message, may have queued a job since.
+            list(Message.objects.filter(pk__in=batch).select_for_update().values_list("pk"))
+            ids = list(old.filter(pk__in=batch).values_list("pk", flat=True))
+            Message.objects.filter(pk__in=ids).delete()  # jobs and attempts cascade
+        deleted += len(ids)
     return deleted
 
 

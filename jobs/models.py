@@ -49,6 +49,11 @@ class JobQuerySet(models.QuerySet["Job"]):
     def requeue_dead(self) -> int:
         return self.transition(DEAD, QUEUED, **_requeue_changes())
 
+    def replay_delivered(self) -> int:
+        """Deliver these DELIVERED jobs again (broker/replay.py): QUEUED, due now, attempts reset
+        as by a requeue; their DeliveryAttempt rows stay, so the history shows both deliveries."""
+        return self.transition(DELIVERED, QUEUED, **_requeue_changes())
+
     def heads_of_their_keys(self) -> JobQuerySet:
         """Only jobs with no earlier pending (QUEUED or INFLIGHT) job of the same consumer and
         ordering key: what an ordered consumer may be handed (SPEC §6.3)."""
@@ -208,6 +213,9 @@ class DeliveryAttempt(models.Model):
         indexes = [
             # A job's attempt history, in order (UI and API); the FK index is this one.
             models.Index(fields=["job", "started_at"], name="attempt_job_idx"),
+            # The delivery statistics refresh (jobs/stats.py): attempts started in the last
+            # few minutes, WHERE started_at >= t0 AND started_at < t1.
+            models.Index(fields=["started_at"], name="attempt_started_idx"),
         ]
 
     def __str__(self) -> str:
@@ -228,3 +236,85 @@ class DispatcherHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.dispatcher_id
+
+
+class DeliveryStats(models.Model):
+    """Push attempts of one consumer in one minute or one hour: the rollup behind the dashboard's
+    rates, success rates, latencies and charts (jobs/stats.py recounts it from DeliveryAttempt)."""
+
+    class Span(models.IntegerChoices):
+        MINUTE = 60
+        HOUR = 3600
+
+    # No FK index: the unique (consumer, span, period_start) constraint leads with it.
+    consumer = models.ForeignKey(
+        Consumer, on_delete=models.CASCADE, related_name="delivery_stats", db_index=False
+    )
+    span = models.PositiveIntegerField(choices=Span.choices)  # seconds
+    period_start = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    delivered = models.PositiveIntegerField(default=0)  # answered 2xx
+    failed = models.PositiveIntegerField(default=0)  # anything else
+    # Publish-to-delivery latency of the delivered attempts: {bucket number: count}, buckets as
+    # jobs.stats.latency_bucket defines them; histograms add up, so any period's percentiles can
+    # be estimated from its rows.
+    latency_histogram = models.JSONField(default=dict)
+
+    class Meta:
+        verbose_name_plural = "delivery stats"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "span", "period_start"], name="delivery_stats_unique"
+            ),
+        ]
+        indexes = [
+            # Every read and delete: one span's rows from (or before) a time, all consumers.
+            models.Index(fields=["span", "period_start"], name="delivery_stats_period_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer_id} {self.period_start:%Y-%m-%d %H:%M} ({self.span} s)"
+
+
+class DeliveryReport(models.Model):
+    """One figure row of the `spark_etl report` (SPEC §8): one consumer of one channel over one UTC
+    hour or day of publishing. Written only by the pipeline (spark_etl/transforms.py defines the
+    figures); the operator UI's reports page charts it."""
+
+    class Grain(models.TextChoices):
+        HOUR = "hour"
+        DAY = "day"
+
+    grain = models.CharField(max_length=4, choices=Grain.choices)
+    period_start = models.DateTimeField()
+    # Public IDs, not foreign keys: the report outlives archived messages and deleted consumers.
+    channel_id = models.CharField(max_length=255)
+    consumer_id = models.CharField(max_length=255)
+    messages = models.BigIntegerField()
+    jobs = models.BigIntegerField()
+    delivered = models.BigIntegerField()
+    dead = models.BigIntegerField()
+    success_rate = models.FloatField(null=True)  # delivered / (delivered + dead)
+    first_attempt_success_rate = models.FloatField(null=True)
+    mean_attempts = models.FloatField(null=True)
+    latency_p50_ms = models.FloatField(null=True)  # publish -> delivery, delivered jobs
+    latency_p95_ms = models.FloatField(null=True)
+    latency_p99_ms = models.FloatField(null=True)
+    top_failures = models.TextField(blank=True, default="")  # "503:12,timeout:4"
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["grain", "channel_id", "consumer_id", "period_start"],
+                name="delivery_report_unique",
+            ),
+        ]
+        indexes = [
+            # The reports page: one grain over a time range, all consumers (charts and totals);
+            # also the pipeline's replacement of a recomputed range.
+            models.Index(fields=["grain", "period_start"], name="delivery_report_period_idx"),
+        ]
+
+    def __str__(self) -> str:
+        period = f"{self.period_start:%Y-%m-%d %H:%M}"
+        return f"{self.channel_id}/{self.consumer_id} {self.grain} {period}"

@@ -22,6 +22,7 @@ ALLOWED_TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (INFLIGHT, DEAD),  # attempts exhausted, non-retryable outcome, pull consumer gave up
         (DEAD, QUEUED),  # requeue from the dead-letter queue
         (DEAD, INFLIGHT),  # a pull consumer retries a dead job
+        (DELIVERED, QUEUED),  # replay: deliver an already delivered message again
     }
 )
 

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import signal
+import threading
 from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import connection, transaction
 from django.utils import timezone
 from django_q.models import Failure, Schedule, Success  # type: ignore[import-untyped]
 
 from broker import publish
 from broker.models import Message
+from broker.replay import replay
 from jobs.housekeeping import purge_delivered
 from jobs.models import DeliveryAttempt, Job
-from jobs.states import DEAD, DELIVERED
+from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import start_manage, wait_until
 
@@ -61,6 +64,46 @@ def test_purge_deletes_only_old_fully_delivered_messages(channel, settings):
     assert remaining == {"old-dead", "old-queued", "recent-delivered"}
     assert not DeliveryAttempt.objects.exists()
     assert Job.objects.count() == 3
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_that_commits_while_the_purge_waits_keeps_its_message(channel, settings):
+    settings.BROKER_RETENTION_DAYS = 30
+    old = message(channel, "old-delivered", age_days=31)
+    replay_holds_the_lock, commit_replay = threading.Event(), threading.Event()
+
+    def replay_and_wait() -> None:
+        with transaction.atomic():  # replay's own transaction is a savepoint of this one
+            replay(old)
+            replay_holds_the_lock.set()
+            commit_replay.wait(10)
+        connection.close()
+
+    purged: list[int] = []
+    replaying = threading.Thread(target=replay_and_wait)
+    purging = threading.Thread(
+        target=lambda: (purged.append(purge_delivered()), connection.close())
+    )
+    replaying.start()
+    replay_holds_the_lock.wait(10)
+    purging.start()  # picks the message (the replay's job is not committed yet), then waits
+    wait_until(lambda: waiting_on_a_lock() == 1, seconds=10)
+    commit_replay.set()
+    replaying.join(10)
+    purging.join(10)
+
+    assert purged == [0]
+    assert Job.objects.get(message=old).status == QUEUED
+
+
+def waiting_on_a_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])
 
 
 def test_messages_without_consumers_go_by_age_and_zero_keeps_everything(settings):

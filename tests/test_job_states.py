@@ -33,6 +33,7 @@ EXPECTED_TABLE = {
     (INFLIGHT, DEAD),
     (DEAD, QUEUED),
     (DEAD, INFLIGHT),
+    (DELIVERED, QUEUED),  # replay (broker/replay.py)
 }
 ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
 FORBIDDEN = [pair for pair in ALL_PAIRS if pair not in EXPECTED_TABLE]

@@ -32,7 +32,7 @@ from broker.scheduling import (
     require_min_delay,
 )
 from ui import periodic_pages
-from ui.views import PREVIEW_BYTES, parse_cursor, redirect_back, staff_only
+from ui.views import message_preview, parse_cursor, redirect_back, staff_only
 
 PAGE_SIZE = 50
 # The value of an <input type="datetime-local">: no offset, seconds optional.
@@ -149,16 +149,8 @@ def scheduled_detail(request: HttpRequest, channel_id: str, message_id: str) -> 
         public_id=message_id,
         scheduled_for__isnull=False,
     )
-    context = {"message": message, "preview": payload_preview(message)}
+    context = {"message": message, "preview": message_preview(message)}
     return render(request, "ui/scheduled_message.html", context)
-
-
-def payload_preview(message: Message) -> str | None:
-    """The start of an inline payload as text; None when it is offloaded (it is not read)."""
-    if message.payload_file:
-        return None
-    payload = Message.objects.filter(pk=message.pk).values_list("payload", flat=True).get()
-    return bytes(payload[:PREVIEW_BYTES]).decode("utf-8", errors="replace")
 
 
 @require_http_methods(["GET", "POST"])

@@ -10,13 +10,14 @@ from typing import Any, TypeVar
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import BinaryField, F, Func, OuterRef, Q, QuerySet, Subquery, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from broker.models import Message
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job, delete_jobs
 from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
@@ -125,18 +126,32 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     context = {
         "job": job,
         "message": job.message,
-        "preview": payload_preview(job),
+        "preview": message_preview(job.message),
         "attempts": job.delivery_attempts.order_by("started_at"),
     }
     return render(request, "ui/job.html", context)
 
 
-def payload_preview(job: Job) -> str | None:
-    """The start of an inline payload as text; None when it is offloaded (it is not read)."""
-    if job.message.payload_file:
+def message_preview(message: Message) -> str | None:
+    """The start of an inline payload as text; None when it is offloaded (it is not read). Only
+    the first PREVIEW_BYTES leave the database, however large the payload."""
+    if message.payload_file:
         return None
-    head = Job.objects.filter(pk=job.pk).values_list("message__payload", flat=True).get()
-    return bytes(head[:PREVIEW_BYTES]).decode("utf-8", errors="replace")
+    head = (
+        Message.objects.filter(pk=message.pk)
+        .annotate(
+            head=Func(
+                F("payload"),
+                Value(1),
+                Value(PREVIEW_BYTES),
+                function="SUBSTR",
+                output_field=BinaryField(),
+            )
+        )
+        .values_list("head", flat=True)
+        .get()
+    )
+    return bytes(head).decode("utf-8", errors="replace")
 
 
 @require_POST

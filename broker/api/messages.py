@@ -1,4 +1,4 @@
-"""Reading messages: one with its jobs, a channel's list by status, counts (SPEC §4).
+"""Reading messages: one with its jobs, a channel's list by status, counts; replay (SPEC §4).
 
 Scheduled messages not released yet (status SCHEDULED, SPEC §6.8) are messages without jobs:
 readable here, listed only when asked for with `?status=SCHEDULED`, and counted under
@@ -11,8 +11,9 @@ from typing import Any
 
 from django.db.models import Count, Min, Q
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
+from rest_framework.parsers import FormParser, JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,8 +21,10 @@ from rest_framework.views import APIView
 from broker.api.errors import ApiError
 from broker.api.pagination import paginate
 from broker.api.scheduled import PENDING, RELEASED, scheduled_messages_url
-from broker.api.serializers import ListResultSerializer, PayloadFieldsMixin
+from broker.api.serializers import ErrorSerializer, ListResultSerializer, PayloadFieldsMixin
 from broker.models import Channel, Message
+from broker.replay import NotReplayable, ReplayResult, replay
+from consumers.models import Consumer
 from jobs.api.serializers import JobSummarySerializer
 
 # webhook-broker's numeric message statuses, accepted in ?status= alongside the names.
@@ -141,3 +144,84 @@ class MessagesStatusView(APIView):
 
 def _count(count: int, url: str) -> dict[str, Any]:
     return {"Count": count, "Links": {"messages": url}}
+
+
+class ReplayForm(serializers.Serializer[Any]):
+    # Blank is let through to be refused in the view: DRF would take an empty form field for an
+    # omitted one, and "consumer=" from a client with an unset variable would replay to all.
+    consumer = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        help_text="one consumer's ID; omitted: every consumer",
+    )
+
+
+class SkippedSerializer(serializers.Serializer[Any]):
+    ConsumerID = serializers.CharField(source="consumer")
+    Status = serializers.CharField(source="status", help_text="the job's status, unchanged")
+    Reason = serializers.CharField(source="reason")
+
+
+class ReplaySerializer(serializers.Serializer[Any]):
+    Replayed = serializers.ListField(
+        source="replayed",
+        child=serializers.CharField(),
+        help_text="consumers whose DELIVERED job is QUEUED again",
+    )
+    Created = serializers.ListField(
+        source="created",
+        child=serializers.CharField(),
+        help_text="consumers that had no job for the message (added since): one was created",
+    )
+    Skipped = SkippedSerializer(source="skipped", many=True)
+
+
+class MessageReplayView(APIView):
+    """Deliver an already delivered message again, to one consumer or to all (docs/api.md)."""
+
+    parser_classes = [FormParser, JSONParser]
+
+    @extend_schema(
+        request=ReplayForm,
+        responses={
+            202: OpenApiResponse(
+                ReplaySerializer,
+                description="queued again for at least one consumer; the others are in Skipped",
+            ),
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="nothing could be replayed: every job is queued, in flight or dead, "
+                "the message is not released yet, or its offloaded payload is gone",
+            ),
+        },
+    )
+    def post(self, request: Request, channel_id: str, message_id: str) -> Response:
+        message = get_object_or_404(
+            Message.objects.only("pk", "channel_id"), channel_id=channel_id, public_id=message_id
+        )
+        form = ReplayForm(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            result = replay(message, _named_consumer(channel_id, form.validated_data))
+        except NotReplayable as error:
+            raise ApiError(status.HTTP_409_CONFLICT, str(error)) from None
+        return _replayed(result)
+
+
+def _named_consumer(channel_id: str, form: dict[str, Any]) -> Consumer | None:
+    """The consumer the form names, None for every consumer; 404 when the channel has none such."""
+    if "consumer" not in form:
+        return None
+    if not form["consumer"]:
+        raise ApiError(
+            status.HTTP_400_BAD_REQUEST,
+            "consumer must be a consumer ID; omit it to replay to every consumer.",
+        )
+    return get_object_or_404(Consumer, channel_id=channel_id, public_id=form["consumer"])
+
+
+def _replayed(result: ReplayResult) -> Response:
+    if not result.queued:
+        raise ApiError(status.HTTP_409_CONFLICT, f"Nothing to replay: {result.summary()}.")
+    return Response(ReplaySerializer(result).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,175 @@
+"""Replay: deliver an already delivered message again, to one consumer or to all (SPEC §4).
+
+For each consumer it is asked for, the message's job is:
+- DELIVERED: moved back to QUEUED by the state machine's replay transition (one conditional
+  UPDATE, `JobQuerySet.replay_delivered`): due now, attempts reset, its attempt history kept;
+- missing (the consumer joined the channel after the publish): created by the publish path's own
+  fan-out, `broker.publishing.create_jobs`;
+- QUEUED or INFLIGHT: left alone, it is on its way already; DEAD: left alone, that is what a
+  requeue is for (dead-letter queue). These are reported as skipped, with the reason.
+
+An ordered consumer's job (SPEC §6.3) is replayed only while no job of its ordering key is
+INFLIGHT. Its id does not change, so once QUEUED it is the head of its key again and goes out
+before the key's later messages still waiting, one at a time as always; while a later job of the
+key is in flight it would be a second delivery of that key at once, so it is skipped instead.
+
+The whole replay is one transaction holding the message's row lock: two replays of one message
+cannot both create the same new job, and the jobs, the message's status and the dispatchers'
+wake-up (NOTIFY, as a publish sends) commit together. See docs/api.md, "Replay".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from broker import payloads
+from broker.models import Message
+from broker.publishing import create_jobs
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.wakeup import CHANNEL as WAKEUP_CHANNEL
+
+SKIP_REASONS: dict[str, str] = {
+    QUEUED: "already queued: it will be delivered",
+    INFLIGHT: "being delivered right now",
+    DEAD: "dead: requeue it from the dead-letter queue instead",
+}
+KEY_BUSY = "ordered consumer: a later message of its ordering key is being delivered; retry soon"
+
+
+class NotReplayable(Exception):
+    """The message cannot be delivered again at all (not released yet, payload lost)."""
+
+
+@dataclass
+class Skipped:
+    consumer: str  # the consumer's public ID
+    status: str  # its job's status
+    reason: str
+
+
+@dataclass
+class ReplayResult:
+    """What a replay did, per consumer (public IDs)."""
+
+    replayed: list[str] = field(default_factory=list)  # DELIVERED jobs queued again
+    created: list[str] = field(default_factory=list)  # consumers that had no job: one made now
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def queued(self) -> list[str]:
+        """Every consumer the message is on its way to again because of this replay."""
+        return self.replayed + self.created
+
+    def summary(self) -> str:
+        """One sentence for the UI and for a 409."""
+        parts = []
+        if self.replayed:
+            parts.append(f"replayed to {', '.join(self.replayed)}")
+        if self.created:
+            parts.append(f"new job for {', '.join(self.created)}")
+        parts += [f"{s.consumer} skipped ({s.reason})" for s in self.skipped]
+        return "; ".join(parts) or "the channel has no consumer"
+
+
+def replay(message: Message, consumer: Consumer | None = None) -> ReplayResult:
+    """Queue `message` again for `consumer`, or for every consumer of its channel when None.
+
+    Raises NotReplayable when the message is still scheduled or its offloaded payload is gone.
+    A result with nothing queued (every job skipped) changes nothing.
+    """
+    if consumer is not None and consumer.channel_id != message.channel_id:
+        raise ValueError(f"Consumer {consumer.public_id!r} is not a consumer of {message}.")
+    with transaction.atomic():
+        locked = (
+            Message.objects.select_for_update()
+            .only("pk", "channel_id", "status", "payload_file", "priority", "ordering_key")
+            .get(pk=message.pk)
+        )
+        _check_replayable(locked)
+        targets = [consumer] if consumer else list(_consumers_of(locked))
+        result = _replay_to(locked, targets)
+        if result.queued:
+            _mark_dispatched(locked)
+            _wake_dispatchers()
+    return result
+
+
+def _check_replayable(message: Message) -> None:
+    if message.status == Message.Status.SCHEDULED:
+        raise NotReplayable("The message is scheduled and not released yet: nothing to replay.")
+    # Replaying it would only make its jobs DEAD with payload-missing at the next attempt.
+    if message.payload_file and not payloads.payload_storage().exists(message.payload_file):
+        raise NotReplayable(f"{payloads.PAYLOAD_MISSING}: the offloaded payload is gone.")
+
+
+def _consumers_of(message: Message) -> list[Consumer]:
+    return list(
+        Consumer.objects.filter(channel_id=message.channel_id)
+        .only("pk", "public_id", "ordering")
+        .order_by("pk")
+    )
+
+
+def _replay_to(message: Message, consumers: list[Consumer]) -> ReplayResult:
+    jobs = {
+        job.consumer_id: job
+        for job in Job.objects.filter(message=message, consumer__in=consumers).only(
+            "pk", "consumer_id", "status", "ordering_key"
+        )
+    }
+    result = ReplayResult()
+    to_replay: list[int] = []
+    to_create: list[int] = []
+    for consumer in consumers:
+        job = jobs.get(consumer.pk)
+        if job is None:
+            to_create.append(consumer.pk)
+            result.created.append(consumer.public_id)
+        elif job.status != DELIVERED:
+            result.skipped.append(Skipped(consumer.public_id, job.status, SKIP_REASONS[job.status]))
+        elif _key_busy(consumer, job):
+            result.skipped.append(Skipped(consumer.public_id, job.status, KEY_BUSY))
+        else:
+            to_replay.append(job.pk)
+            result.replayed.append(consumer.public_id)
+    # A DELIVERED job changes only by a replay, and replays of this message wait for our lock:
+    # the conditional UPDATE moves exactly the jobs read as DELIVERED above.
+    Job.objects.filter(pk__in=to_replay).replay_delivered()
+    create_jobs(message, to_create, timezone.now())
+    return result
+
+
+def _key_busy(consumer: Consumer, job: Job) -> bool:
+    """Whether an ordered consumer has a job of this job's key in flight.
+
+    The key's pending jobs are locked (one probe of job_consumer_key_pending_idx): a dispatcher
+    claiming one of them either finished first (we see it INFLIGHT and skip) or skips the locked
+    rows until we commit, after which our replayed job is the key's head. Either way the key never
+    has two deliveries at once.
+    """
+    if consumer.ordering != Consumer.Ordering.ORDERED:
+        return False
+    pending = Job.objects.select_for_update().filter(
+        consumer_id=consumer.pk, ordering_key=job.ordering_key, status__in=[QUEUED, INFLIGHT]
+    )
+    return INFLIGHT in set(pending.values_list("status", flat=True))
+
+
+def _mark_dispatched(message: Message) -> None:
+    """A message published while its channel had no consumer (ACKNOWLEDGED) has jobs now."""
+    if message.status == Message.Status.ACKNOWLEDGED:
+        Message.objects.filter(pk=message.pk, status=Message.Status.ACKNOWLEDGED).update(
+            status=Message.Status.DISPATCHED, dispatched_at=timezone.now()
+        )
+
+
+def _wake_dispatchers() -> None:
+    """One NOTIFY, delivered at commit, as a publish sends (jobs/wakeup.py); SQLite polls."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [WAKEUP_CHANNEL])
