@@ -3,15 +3,18 @@
 For each consumer it is asked for, the message's job is:
 - DELIVERED: moved back to QUEUED by the state machine's replay transition (one conditional
   UPDATE, `JobQuerySet.replay_delivered`): due now, attempts reset, its attempt history kept;
-- missing (the consumer joined the channel after the publish): created by the publish path's own
-  fan-out, `broker.publishing.create_jobs`;
+- missing because the consumer joined the channel after the publish: created by the publish
+  path's own fan-out, `broker.publishing.create_jobs`; missing although the consumer is older
+  than the message (its job was deleted: a dead job purged or deleted by an operator): skipped,
+  since bringing back what an operator threw away is not what "replay" asks for;
 - QUEUED or INFLIGHT: left alone, it is on its way already; DEAD: left alone, that is what a
   requeue is for (dead-letter queue). These are reported as skipped, with the reason.
 
-An ordered consumer's job (SPEC §6.3) is replayed only while no job of its ordering key is
-INFLIGHT. Its id does not change, so once QUEUED it is the head of its key again and goes out
-before the key's later messages still waiting, one at a time as always; while a later job of the
-key is in flight it would be a second delivery of that key at once, so it is skipped instead.
+An ordered consumer's job (SPEC §6.3) is replayed only while no other job of its ordering key is
+pending (QUEUED or INFLIGHT): its id does not change, so queued again among later jobs of the key
+it would overtake them, and a dispatcher claiming one of them at that moment could deliver two of
+the key at once. While the key is busy it is skipped, with that reason; once the key is idle the
+replayed job is its only pending job.
 
 The whole replay is one transaction holding the message's row lock: two replays of one message
 cannot both create the same new job, and the jobs, the message's status and the dispatchers'
@@ -38,7 +41,12 @@ SKIP_REASONS: dict[str, str] = {
     INFLIGHT: "being delivered right now",
     DEAD: "dead: requeue it from the dead-letter queue instead",
 }
-KEY_BUSY = "ordered consumer: a later message of its ordering key is being delivered; retry soon"
+KEY_BUSY = "ordered consumer: later messages of its ordering key are pending; replay once they are"
+JOB_DELETED = "its job was deleted (dead and purged, or deleted by an operator)"
+
+
+# What a replay reads of the message (never the payload).
+REPLAY_FIELDS = ["channel_id", "status", "payload_file", "priority", "ordering_key", "received_at"]
 
 
 class NotReplayable(Exception):
@@ -85,11 +93,10 @@ def replay(message: Message, consumer: Consumer | None = None) -> ReplayResult:
     if consumer is not None and consumer.channel_id != message.channel_id:
         raise ValueError(f"Consumer {consumer.public_id!r} is not a consumer of {message}.")
     with transaction.atomic():
-        locked = (
-            Message.objects.select_for_update()
-            .only("pk", "channel_id", "status", "payload_file", "priority", "ordering_key")
-            .get(pk=message.pk)
-        )
+        rows = Message.objects.select_for_update().only(*REPLAY_FIELDS).filter(pk=message.pk)
+        locked = rows.first()
+        if locked is None:  # purged, archived or cancelled since it was looked up
+            raise NotReplayable("The message no longer exists.")
         _check_replayable(locked)
         targets = [consumer] if consumer else list(_consumers_of(locked))
         result = _replay_to(locked, targets)
@@ -110,7 +117,7 @@ def _check_replayable(message: Message) -> None:
 def _consumers_of(message: Message) -> list[Consumer]:
     return list(
         Consumer.objects.filter(channel_id=message.channel_id)
-        .only("pk", "public_id", "ordering")
+        .only("pk", "public_id", "ordering", "created_at")
         .order_by("pk")
     )
 
@@ -127,9 +134,11 @@ def _replay_to(message: Message, consumers: list[Consumer]) -> ReplayResult:
     to_create: list[int] = []
     for consumer in consumers:
         job = jobs.get(consumer.pk)
-        if job is None:
+        if job is None and consumer.created_at > message.received_at:
             to_create.append(consumer.pk)
             result.created.append(consumer.public_id)
+        elif job is None:
+            result.skipped.append(Skipped(consumer.public_id, "", JOB_DELETED))
         elif job.status != DELIVERED:
             result.skipped.append(Skipped(consumer.public_id, job.status, SKIP_REASONS[job.status]))
         elif _key_busy(consumer, job):
@@ -145,19 +154,14 @@ def _replay_to(message: Message, consumers: list[Consumer]) -> ReplayResult:
 
 
 def _key_busy(consumer: Consumer, job: Job) -> bool:
-    """Whether an ordered consumer has a job of this job's key in flight.
-
-    The key's pending jobs are locked (one probe of job_consumer_key_pending_idx): a dispatcher
-    claiming one of them either finished first (we see it INFLIGHT and skip) or skips the locked
-    rows until we commit, after which our replayed job is the key's head. Either way the key never
-    has two deliveries at once.
-    """
+    """Whether an ordered consumer has another job of this job's key pending (QUEUED or
+    INFLIGHT): one probe of job_consumer_key_pending_idx."""
     if consumer.ordering != Consumer.Ordering.ORDERED:
         return False
-    pending = Job.objects.select_for_update().filter(
+    pending = Job.objects.filter(
         consumer_id=consumer.pk, ordering_key=job.ordering_key, status__in=[QUEUED, INFLIGHT]
     )
-    return INFLIGHT in set(pending.values_list("status", flat=True))
+    return pending.exists()
 
 
 def _mark_dispatched(message: Message) -> None:

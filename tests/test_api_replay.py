@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from broker import publish
 from broker.models import Message
-from broker.replay import replay
+from broker.replay import JOB_DELETED, replay
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.dispatch import Dispatcher, DispatcherConfig
@@ -321,7 +321,7 @@ def test_the_dispatcher_delivers_a_replayed_message_again(admin_client, channel,
     assert [(a.attempt_number, a.status_code) for a in attempts] == [(1, 200), (1, 200)]
 
 
-def test_an_ordered_consumer_gets_a_replayed_message_alone_and_before_the_rest_of_its_key(
+def test_an_ordered_consumer_gets_a_replayed_message_only_once_its_key_is_idle(
     admin_client, channel, receiver, dispatcher
 ):
     ordered = push_consumer(channel, receiver, "billing", "/billing")
@@ -332,22 +332,38 @@ def test_an_ordered_consumer_gets_a_replayed_message_alone_and_before_the_rest_o
             channel, message_id.encode(), producer="shop", message_id=message_id, ordering_key="k"
         )
     run_once(dispatcher)  # m-1 delivered
-    in_flight = dispatcher.claim(10)  # m-2 taken, not answered yet
-    assert [r.headers["X-Broker-Message-ID"] for r in in_flight] == ["m-2"]
+    in_flight = dispatcher.claim(10)  # m-2 taken, not answered yet; m-3 waits
 
     busy = post(admin_client, body="consumer=billing")
-
     assert busy.status_code == 409
     assert "ordering key" in busy.json()["Error"]
+    dispatcher.complete(send(in_flight))  # m-2 delivered; m-3 still waits in the key
+    assert post(admin_client, body="consumer=billing").status_code == 409
+    run_once(dispatcher)  # m-3 delivered: the key is idle
     assert job_of("billing", "m-1").status == DELIVERED
 
-    dispatcher.complete(send(in_flight))  # m-2 delivered; m-3 waits in the key
     assert post(admin_client, body="consumer=billing").status_code == 202
-    run_once(dispatcher)  # only the key's head: the replayed m-1
-    run_once(dispatcher)  # then m-3
+    run_once(dispatcher)
     assert run_once(dispatcher) == []
 
-    assert [r.body for r in receiver.received] == [b"m-1", b"m-2", b"m-1", b"m-3"]
+    assert [r.body for r in receiver.received] == [b"m-1", b"m-2", b"m-3", b"m-1"]
+
+
+def test_a_consumer_older_than_the_message_whose_job_was_deleted_gets_none(
+    admin_client, channel, receiver
+):
+    delivered_to(channel, receiver, "billing", "audit")
+    Job.objects.filter(consumer__public_id="audit").delete()  # e.g. dead, then purged
+
+    response = post(admin_client)
+
+    assert response.status_code == 202
+    assert response.json() == {
+        "Replayed": ["billing"],
+        "Created": [],
+        "Skipped": [{"ConsumerID": "audit", "Status": "", "Reason": JOB_DELETED}],
+    }
+    assert not Job.objects.filter(consumer__public_id="audit").exists()
 
 
 @pytest.mark.postgres

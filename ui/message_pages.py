@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from datetime import datetime
 
 from django import forms
 from django.contrib import messages
@@ -125,11 +126,14 @@ class ConsumerRow:
 
     consumer: Consumer
     job: Job | None
+    message_received_at: datetime
 
     @property
     def replayable(self) -> bool:
         """What broker.replay would act on (it has the last word, e.g. on a busy ordering key)."""
-        return self.job is None or self.job.status == DELIVERED
+        if self.job is None:  # joined after the publish, or its job was deleted
+            return self.consumer.created_at > self.message_received_at
+        return self.job.status == DELIVERED
 
 
 @require_GET
@@ -138,7 +142,10 @@ def message_detail(request: HttpRequest, message_pk: int) -> HttpResponse:
     message = get_object_or_404(Message.objects.defer("payload"), pk=message_pk)
     jobs = {job.consumer_id: job for job in message.jobs.all()}
     consumers = Consumer.objects.filter(channel_id=message.channel_id).order_by("public_id")
-    rows = [ConsumerRow(consumer, jobs.pop(consumer.pk, None)) for consumer in consumers]
+    rows = [
+        ConsumerRow(consumer, jobs.pop(consumer.pk, None), message.received_at)
+        for consumer in consumers
+    ]
     attempts = attempts_of(message)
     context = {
         "message": message,
