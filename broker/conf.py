@@ -38,6 +38,10 @@ DEFAULTS: dict[str, Any] = {
     # Housekeeping (django-q2 schedules): fully delivered messages older than this are deleted
     # with their jobs and attempts; 0 keeps them for ever.
     "BROKER_RETENTION_DAYS": 30,
+    # HTTP broadcasts per second allowed per producer (broker/ratelimit.py); 0: not limited.
+    "BROKER_BROADCAST_RATE_LIMIT": 0.0,
+    # Broadcasts a producer may send at once after a quiet spell; 0: one second's worth.
+    "BROKER_BROADCAST_BURST": 0,
 }
 
 

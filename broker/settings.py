@@ -208,6 +208,12 @@ BROKER_ENCRYPTION_KEYS = env_secret_list("BROKER_ENCRYPTION_KEYS")
 BROKER_RETENTION_DAYS = env_int(
     "BROKER_RETENTION_DAYS", DEFAULTS["BROKER_RETENTION_DAYS"], minimum=0
 )
+BROKER_BROADCAST_RATE_LIMIT = env_float(
+    "BROKER_BROADCAST_RATE_LIMIT", DEFAULTS["BROKER_BROADCAST_RATE_LIMIT"], minimum=0.0, maximum=1e6
+)
+BROKER_BROADCAST_BURST = env_int(
+    "BROKER_BROADCAST_BURST", DEFAULTS["BROKER_BROADCAST_BURST"], minimum=0
+)
 
 # Housekeeping runs as django-q2 schedules (`manage.py qcluster`, docs/housekeeping.md) with the
 # ORM broker: the database is the queue, so there is nothing else to run. Tasks are short and

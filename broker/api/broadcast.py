@@ -19,6 +19,7 @@ from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
 from broker.models import Channel, Producer, is_resource_id
 from broker.publishing import publish
+from broker.ratelimit import take_broadcast
 from broker.scheduling import parse_rfc3339, require_min_delay
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -72,10 +73,17 @@ class BroadcastView(APIView):
             409: _error("duplicate message ID in the channel"),
             412: _error("X-Broker-Scheduled-For sooner than the minimum delay"),
             413: _error("payload over BROKER_MAX_PAYLOAD_BYTES"),
+            429: _error(
+                "the producer is over BROKER_BROADCAST_RATE_LIMIT; Retry-After gives the seconds "
+                "to wait"
+            ),
         },
     )
     def post(self, request: Request, channel_id: str) -> Response:
         producer_id = _authenticate(request, channel_id)
+        # After authentication, so nobody can spend a producer's allowance without its token;
+        # before the body is read, so a producer over its rate costs no more than this.
+        take_broadcast(producer_id)  # RateLimited: 429 with Retry-After
         payload = _payload(request)
         scheduled_for = _scheduled_for(request)
         message = publish(

@@ -10,13 +10,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent
 from django.db import DataError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from broker import publishing
+from broker import payloads, publishing
+from broker.ratelimit import RateLimited
 from jobs.states import ForbiddenTransition
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,12 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
     publishing.ScheduleTooSoon: status.HTTP_412_PRECONDITION_FAILED,
     publishing.InvalidMessage: status.HTTP_400_BAD_REQUEST,
     ForbiddenTransition: status.HTTP_400_BAD_REQUEST,
+    payloads.PayloadNotStored: status.HTTP_507_INSUFFICIENT_STORAGE,
 }
+
+
+# Modules whose frames in a traceback mean "while decoding a JSON request body".
+JSON_DECODERS = {"json.decoder", "rest_framework.parsers"}
 
 
 def error_response(status_code: int, message: str) -> JsonResponse:
@@ -56,6 +63,23 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
         return _response(status.HTTP_400_BAD_REQUEST, "A value in the request cannot be stored.")
     if isinstance(exc, PermissionDenied):
         return _response(status.HTTP_403_FORBIDDEN, str(exc) or "Permission denied.")
+    if isinstance(exc, RequestDataTooBig):
+        # Django refuses by the declared Content-Length, before reading the body.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _response(
+            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"The request body is over {limit} bytes."
+        )
+    if isinstance(exc, TooManyFieldsSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return _response(status.HTTP_400_BAD_REQUEST, f"More than {limit} form fields.")
+    if isinstance(exc, RateLimited):
+        response = _response(status.HTTP_429_TOO_MANY_REQUESTS, str(exc))
+        response["Retry-After"] = str(exc.retry_after)
+        return response
+    if isinstance(exc, RecursionError) and _raised_decoding_json(exc):
+        # JSON nested thousands deep makes Python's decoder give up with RecursionError, which
+        # DRF's JSONParser and views catching ValueError let through as a 500.
+        return _response(status.HTTP_400_BAD_REQUEST, "The request body is nested too deeply.")
     for error_type, status_code in DOMAIN_ERRORS.items():
         if isinstance(exc, error_type):
             return _response(status_code, str(exc))
@@ -66,6 +90,16 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
             response["WWW-Authenticate"] = auth_header
         return response
     return None  # unexpected: DatabaseUnavailableMiddleware or Django's 500 handling
+
+
+def _raised_decoding_json(exc: Exception) -> bool:
+    """Whether `exc` came out of the JSON decoder (so from a request body, not from a bug)."""
+    trace = exc.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_globals.get("__name__") in JSON_DECODERS:
+            return True
+        trace = trace.tb_next
+    return False
 
 
 def _response(status_code: int, message: str) -> Response:

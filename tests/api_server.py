@@ -1,0 +1,121 @@
+"""The API under its production server (gunicorn) as a process of its own, on the test database.
+
+For what the Django test client cannot show: the WSGI server's own limits (header sizes), and a
+long-lived process whose database goes away and comes back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+GUNICORN = Path(sys.executable).parent / "gunicorn"
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class ApiServer:
+    process: subprocess.Popen[str]
+    port: int
+    log: IO[str]  # the server's output: gunicorn's and the application's logs
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        request = urllib.request.Request(  # noqa: S310 (always http://127.0.0.1)
+            self.url(path), data=body, method=method, headers=headers or {}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310
+                return Answer(response.status, dict(response.headers), response.read())
+        except urllib.error.HTTPError as error:
+            return Answer(error.code, dict(error.headers), error.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_api(**environment: str) -> Iterator[ApiServer]:
+    """gunicorn serving broker.wsgi on 127.0.0.1, on this test's database; stopped afterwards.
+
+    Its output, logs included, is `server.output()`.
+    """
+    settings = connection.settings_dict
+    port = _free_port()
+    # A file, not a pipe: a pipe nobody reads could fill up and stall the server.
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in the finally below)
+    process = subprocess.Popen(
+        [str(GUNICORN), "broker.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "broker.settings",
+            "DATABASE_URL": (
+                f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/"
+                f"{settings['NAME']}"
+            ),
+            "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
+            **environment,
+        },
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    server = ApiServer(process, port, log)
+    try:
+        _wait_for(server)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def _wait_for(server: ApiServer) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise AssertionError(f"gunicorn exited: {server.output()}")
+        with contextlib.suppress(OSError):
+            if server.request("GET", "/_status").status == 200:
+                return
+        time.sleep(0.1)
+    raise AssertionError("gunicorn did not answer within 30 s")

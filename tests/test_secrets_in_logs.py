@@ -1,0 +1,330 @@
+"""Tokens and secrets never appear in logs or responses, except the response that sets them
+(SPEC §4, §9; issue 9).
+
+One representative session: create a channel, a producer and two consumers with tokens and an
+imported signing secret, broadcast, pull, fail authentication in every way, use and revoke an API
+key, deliver signed webhooks, rotate the signing secret and deliver again, and let a real
+`manage.py dispatch` process deliver too. Every logger runs at DEBUG (SQL with its parameters
+included) and so does the dispatcher process; then every secret value is looked for in the
+captured logs, the process's output and every response (bodies and headers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import secrets
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.db import connection
+
+from broker import publish
+from jobs.delivery import AttemptResult, deliver
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import Job
+from jobs.states import DELIVERED
+from tests.conftest import FORM
+from tests.processes import start_dispatcher, wait_until
+from tests.receiver import Reply
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def new_secret(kind: str) -> str:
+    return f"{kind}-{secrets.token_urlsafe(24)}"
+
+
+def signing_secret() -> str:
+    import base64
+
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+@dataclass
+class Session:
+    """The API client of the test, keeping every response it got."""
+
+    client: Any
+    admin: dict[str, str]
+    responses: list[tuple[str, str]] = field(default_factory=list)  # (label, everything sent back)
+
+    def call(self, method: str, path: str, body: str | bytes = b"", **options) -> Any:
+        headers = {**options.pop("headers", {})}
+        if options.pop("as_admin", True):
+            headers = {**self.admin, **headers}
+        response = self.client.generic(
+            method,
+            path,
+            body,
+            content_type=options.pop("content_type", FORM),
+            headers=headers,
+        )
+        label = f"{method} {path} -> {response.status_code}"
+        everything = (
+            response.content.decode("utf-8", "replace")
+            + "\n"
+            + "\n".join(f"{name}: {value}" for name, value in response.items())
+        )
+        self.responses.append((label, everything))
+        return response
+
+
+@pytest.fixture
+def all_logs(caplog):
+    """Every logger at DEBUG, SQL statements with their parameters too."""
+    loggers = [logging.getLogger(), *map(logging.getLogger, list(logging.root.manager.loggerDict))]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.DEBUG)
+    caplog.set_level(logging.DEBUG)
+    connection.force_debug_cursor = True
+    yield caplog
+    connection.force_debug_cursor = False
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
+
+
+def deliver_due() -> list[AttemptResult]:
+    dispatcher = Dispatcher(DispatcherConfig(dispatcher_id="secrets-test"))
+    requests = dispatcher.claim(50)
+
+    async def send_all() -> list[AttemptResult]:
+        async with aiohttp.ClientSession() as session:
+            return list(await asyncio.gather(*(deliver(session, r, 2.0) for r in requests)))
+
+    results = asyncio.run(send_all())
+    dispatcher.complete(results)
+    return results
+
+
+def test_no_secret_in_logs_or_responses_except_where_it_is_set(
+    client, settings, receiver, all_logs
+):
+    values = {
+        "admin token": new_secret("admin"),
+        "channel token": new_secret("channel"),
+        "producer token": new_secret("producer"),
+        "push consumer token": new_secret("push"),
+        "pull consumer token": new_secret("pull"),
+        "imported signing secret": signing_secret(),
+        "wrong channel token": new_secret("wrong-channel"),
+        "wrong producer token": new_secret("wrong-producer"),
+        "wrong consumer token": new_secret("wrong-consumer"),
+        "wrong admin token": new_secret("wrong-admin"),
+        "staff password": new_secret("password"),
+    }
+    settings.BROKER_ADMIN_TOKENS = [values["admin token"]]
+    api = Session(client, {"Authorization": f"Bearer {values['admin token']}"})
+    allowed: dict[str, set[str]] = {}  # secret -> labels of the responses that may show it
+
+    def setting(name: str, method: str, path: str, body: str) -> Any:
+        response = api.call(method, path, body)
+        allowed.setdefault(name, set()).add(api.responses[-1][0])
+        return response
+
+    # Resources, each with its token set (and shown) once.
+    setting("channel token", "PUT", "/channel/orders", f"token={values['channel token']}")
+    setting("producer token", "PUT", "/producer/shop", f"token={values['producer token']}")
+    push = setting(
+        "push consumer token",
+        "PUT",
+        "/channel/orders/consumer/billing",
+        f"callbackUrl={quote(receiver.url())}&token={values['push consumer token']}"
+        f"&signingSecret={quote(values['imported signing secret'])}",
+    )
+    assert push.status_code == 200, push.content
+    setting(
+        "pull consumer token",
+        "PUT",
+        "/channel/orders/consumer/worker",
+        f"callbackUrl={quote(receiver.url())}&type=pull&token={values['pull consumer token']}",
+    )
+
+    # Broadcasts, good and refused.
+    producer = {
+        "X-Broker-Channel-Token": values["channel token"],
+        "X-Broker-Producer-ID": "shop",
+        "X-Broker-Producer-Token": values["producer token"],
+    }
+    for number in range(3):
+        response = api.call(
+            "POST",
+            "/channel/orders/broadcast",
+            b'{"order": 1}',
+            content_type="application/json",
+            headers={**producer, "X-Broker-Message-ID": f"m-{number}"},
+            as_admin=False,
+        )
+        assert response.status_code == 201
+    for wrong in [
+        {"X-Broker-Channel-Token": values["wrong channel token"]},
+        {"X-Broker-Producer-Token": values["wrong producer token"]},
+    ]:
+        refused = api.call(
+            "POST",
+            "/channel/orders/broadcast",
+            b"x",
+            headers={**producer, **wrong},
+            as_admin=False,
+        )
+        assert refused.status_code == 403
+
+    # Pull: list, claim, report, fail one, requeue it with the token in the form.
+    pull = {
+        "X-Broker-Channel-Token": values["channel token"],
+        "X-Broker-Consumer-Token": values["pull consumer token"],
+    }
+    worker = "/channel/orders/consumer/worker"
+    assert api.call("GET", f"{worker}/queued-jobs", headers=pull, as_admin=False).status_code == 200
+    claimed = api.call("POST", f"{worker}/claim", "limit=2", headers=pull, as_admin=False)
+    assert claimed.status_code == 200
+    jobs = Job.objects.filter(consumer__public_id="worker", status="INFLIGHT").order_by("pk")
+    first, second = list(jobs)[:2]
+    for job, state in [(first, "DELIVERED"), (second, "DEAD")]:
+        moved = api.call(
+            "POST",
+            f"{worker}/job/{job.pk}",
+            f'{{"NextState": "{state}"}}',
+            content_type="application/json",
+            headers=pull,
+            as_admin=False,
+        )
+        assert moved.status_code == 202
+    requeued = api.call(
+        "POST", f"{worker}/dlq", f"requeue={values['pull consumer token']}", as_admin=False
+    )
+    assert requeued.status_code == 202, requeued.content
+    wrong_pull = {**pull, "X-Broker-Consumer-Token": values["wrong consumer token"]}
+    assert (
+        api.call("GET", f"{worker}/queued-jobs", headers=wrong_pull, as_admin=False).status_code
+        == 403
+    )
+    bad_admin = {"Authorization": f"Bearer {values['wrong admin token']}"}
+    assert api.call("GET", "/producers", headers=bad_admin, as_admin=False).status_code == 401
+
+    # An API key: printed once by the command, then used, revoked, refused.
+    out = io.StringIO()
+    call_command("create_api_key", "deploy-bot", stdout=out)
+    values["api key"] = out.getvalue().strip()
+    with_key = {"Authorization": f"Bearer {values['api key']}"}
+    assert api.call("GET", "/channels", headers=with_key, as_admin=False).status_code == 200
+    call_command("revoke_api_key", "deploy-bot", stdout=io.StringIO())
+    assert api.call("GET", "/channels", headers=with_key, as_admin=False).status_code == 401
+
+    # Signed push deliveries, a secret rotation (the new secret is shown by the POST), and more.
+    assert [result.succeeded for result in deliver_due()] == [True] * 3
+    secret_path = "/channel/orders/consumer/billing/secret"
+    shown = api.call("GET", secret_path)  # the secret's own read endpoint (admin only)
+    allowed.setdefault("imported signing secret", set()).add(api.responses[-1][0])
+    assert shown.json()["SigningSecret"] == values["imported signing secret"]
+    rotated = api.call("POST", secret_path)
+    values["rotated signing secret"] = rotated.json()["SigningSecret"]
+    allowed["rotated signing secret"] = {api.responses[-1][0]}
+    publish("orders", b"after rotation", producer="shop", message_id="m-rotated")
+    assert all(result.succeeded for result in deliver_due())
+    assert len(receiver.received[-1].headers["webhook-signature"].split()) == 2  # old and new
+
+    # A failing receiver (its error lands in last_error and a delivery attempt).
+    receiver.replies["/hook"] = Reply(500, body=b"boom")
+    publish("orders", b"to fail", producer="shop", message_id="m-fails")
+    assert not any(result.succeeded for result in deliver_due())
+
+    # Every read the operators have: JSON, health, metrics, the admin's HTML.
+    User.objects.create_superuser("ops", password=values["staff password"])
+    for path in [
+        "/channels",
+        "/channel/orders",
+        "/producers",
+        "/producer/shop",
+        "/channel/orders/consumers",
+        "/channel/orders/consumer/billing",
+        "/channel/orders/consumer/worker",
+        "/channel/orders/messages",
+        "/channel/orders/message/m-0",
+        "/channel/orders/consumer/billing/dlq",
+        "/dlq-status",
+        "/job-status",
+        "/_status",
+        "/metrics",
+    ]:
+        assert api.call("GET", path).status_code == 200, path
+    client.login(username="ops", password=values["staff password"])
+    for path in [
+        # The consumer's admin page is left out: it shows the signing secrets (see below).
+        "/admin/consumers/consumer/",
+        "/admin/broker/channel/orders/change/",
+        "/admin/broker/producer/shop/change/",
+        "/admin/jobs/deliveryattempt/",
+    ]:
+        assert api.call("GET", path, as_admin=False).status_code == 200, path
+
+    # A real dispatcher process at DEBUG, with Django's debug mode (SQL logged) on.
+    receiver.replies["/hook"] = Reply(200)
+    publish("orders", b"by the process", producer="shop", message_id="m-process")
+    process = start_dispatcher(DJANGO_LOG_LEVEL="DEBUG", DJANGO_DEBUG="true")
+    try:
+        wait_until(
+            lambda: Job.objects.filter(
+                message__public_id="m-process", consumer__public_id="billing", status=DELIVERED
+            ).exists(),
+            seconds=30,
+        )
+        process.send_signal(signal.SIGTERM)
+        dispatcher_output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "DEBUG" in dispatcher_output  # it did log at DEBUG
+
+    # The logs were really captured at DEBUG, SQL included (so this test can fail).
+    assert "SELECT" in all_logs.text
+    assert any(record.levelno == logging.DEBUG for record in all_logs.records)
+
+    leaks = []
+    for name, value in values.items():
+        needles = [value, quote(value, safe="")]
+        if value.startswith("whsec_"):
+            needles.append(value.removeprefix("whsec_"))  # the key's base64 alone
+        for needle in needles:
+            if needle in all_logs.text:
+                leaks.append(f"{name} in the logs")
+            if needle in dispatcher_output:
+                leaks.append(f"{name} in the dispatcher's output")
+            for label, text in api.responses:
+                if needle in text and label not in allowed.get(name, set()):
+                    leaks.append(f"{name} in the response of {label}")
+    assert leaks == [], "\n".join(leaks)
+    # Each secret was shown where it was set (the check above is not vacuous).
+    for name, labels in allowed.items():
+        for label in labels:
+            text = dict(api.responses)[label]
+            assert values[name] in text or name == "imported signing secret", (name, label)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: the Django admin's consumer form shows the signing secrets in clear "
+    "(consumers/admin.py excludes only the token); drop this mark once it excludes them too",
+)
+def test_the_admin_consumer_page_does_not_show_signing_secrets(client):
+    from tests.helpers import make_channel, make_consumer
+
+    consumer = make_consumer(make_channel())
+    secret = consumer.rotate_signing_secret(consumer.changed_at)
+    User.objects.create_superuser("ops", password="ops-password")
+    client.login(username="ops", password="ops-password")
+
+    page = client.get(f"/admin/consumers/consumer/{consumer.pk}/change/")
+
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert secret not in text
+    assert consumer.previous_signing_secret not in text
