@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import QuerySet
@@ -7,11 +8,21 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from consumers.models import Consumer
-from consumers.services import set_paused
+from consumers.services import InvalidSetting, checked_callback_url, set_paused
+
+
+class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
+    def clean_callback_url(self) -> str:
+        """The API's check, address guard included: a private address is refused on save."""
+        try:
+            return checked_callback_url(self.cleaned_data["callback_url"])
+        except InvalidSetting as exc:
+            raise forms.ValidationError(str(exc)) from None
 
 
 @admin.register(Consumer)
 class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = ConsumerForm
     list_display = [
         "public_id",
         "channel",
@@ -24,8 +35,9 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     list_filter = ["type", "paused", "channel"]
     search_fields = ["public_id", "name", "callback_url"]
-    # The token is encrypted at rest and never shown in list or form views.
-    exclude = ["token"]
+    # Encrypted at rest and never shown in list or form views: the operator UI reveals a signing
+    # secret only on purpose, after a confirmation (docs/ui-consumers.md).
+    exclude = ["token", "signing_secret", "previous_signing_secret"]
     # The circuit is the dispatcher's to change (and the "close circuit" action's), not the form's.
     readonly_fields = [
         "created_at",

@@ -110,3 +110,24 @@ def test_creating_a_channel_shows_its_generated_token_once(staff_client):
     token = page.split("Token of payments: ")[1].split(" ")[0]
     assert channel.check_token(token)
     assert token not in staff_client.get("/admin/broker/channel/payments/change/").content.decode()
+
+
+def test_the_consumer_form_refuses_a_private_callback_address(staff_client, job, settings):
+    settings.BROKER_ALLOW_PRIVATE_CALLBACKS = False
+    consumer = Consumer.objects.get(pk=job.consumer_id)
+    form = {
+        "channel": consumer.channel_id,
+        "public_id": consumer.public_id,
+        "name": consumer.name,
+        "callback_url": "http://169.254.169.254/latest/meta-data/",
+        "type": consumer.type,
+        "ordering": consumer.ordering,
+        "non_retryable_statuses": "[]",
+    }
+
+    response = staff_client.post(f"/admin/consumers/consumer/{consumer.pk}/change/", form)
+
+    assert response.status_code == 200  # the form again, with the error
+    assert "errorlist" in response.content.decode()
+    consumer.refresh_from_db()
+    assert consumer.callback_url != form["callback_url"]

@@ -309,11 +309,6 @@ def test_no_secret_in_logs_or_responses_except_where_it_is_set(
             assert values[name] in text or name == "imported signing secret", (name, label)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: the Django admin's consumer form shows the signing secrets in clear "
-    "(consumers/admin.py excludes only the token); drop this mark once it excludes them too",
-)
 def test_the_admin_consumer_page_does_not_show_signing_secrets(client):
     from tests.helpers import make_channel, make_consumer
 
