@@ -37,7 +37,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.expressions import Func
-from django.db.models.functions import Cast, Floor, Greatest, Least, Ln, TruncMinute
+from django.db.models.functions import Cast, Coalesce, Floor, Greatest, Least, Ln, TruncMinute
 from django.utils import timezone
 
 from broker.conf import broker_settings
@@ -243,10 +243,10 @@ class MillisecondsBetween(Func):
 
 def _latency_bucket_sql() -> Least:
     """latency_bucket() in SQL, of publish-to-delivery latency: the answer came at started_at
-    plus duration; the message arrived at received_at."""
-    latency = MillisecondsBetween(F("started_at"), F("job__message__received_at")) + F(
-        "duration_ms"
-    )
+    plus duration; the message was published at received_at, or, if it was scheduled, became
+    due at scheduled_for (as spark_etl's report counts it)."""
+    published = Coalesce(F("job__message__scheduled_for"), F("job__message__received_at"))
+    latency = MillisecondsBetween(F("started_at"), published) + F("duration_ms")
     scaled = Ln(Greatest(latency, Value(1.0))) * Value(_BUCKETS_PER_LN) + Value(_EPSILON)
     return Least(Cast(Floor(scaled), IntegerField()), Value(LAST_BUCKET))
 

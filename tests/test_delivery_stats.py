@@ -286,6 +286,19 @@ def test_the_sql_latency_bucket_agrees_with_python(history):
     )
 
 
+def test_a_scheduled_message_counts_its_latency_from_when_it_was_due(history):
+    billing = history.consumer("billing")
+    history.attempt(billing, at(12, 0), waited_ms=50.0, duration_ms=10.0)
+    Message.objects.update(
+        received_at=at(12, 0) - timedelta(days=1),  # broadcast a day before it was due
+        scheduled_for=at(12, 0) - timedelta(milliseconds=50),
+    )
+
+    [(_, _, bucket, _)] = attempt_counts(at(12, 0), None)
+
+    assert bucket == latency_bucket(60.0)
+
+
 def test_queue_depths_stop_at_their_bound(history):
     billing, audit = history.consumer("billing"), history.consumer("audit")
     history.job(billing, NOW)  # DELIVERED: not counted

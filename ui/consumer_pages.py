@@ -26,6 +26,7 @@ from broker.models import Channel, is_resource_id
 from consumers import services
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
+from jobs.queue_depth import COUNT_LIMIT, BoundedCount
 from jobs.states import DEAD, INFLIGHT, QUEUED
 from jobs.test_event import send_test_event
 from ui.views import staff_only
@@ -34,7 +35,6 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PAGE_SIZE = 50
-COUNT_LIMIT = 10_000  # job counts above this show as "10,000+": never an unbounded COUNT(*)
 EXCERPT_SHOWN = 2000  # characters of a test event's response kept for the page
 LISTED_FIELDS = [
     "channel_id",
@@ -264,14 +264,15 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
     return render(request, "ui/consumer.html", context)
 
 
-def job_counts(consumer: Consumer) -> dict[str, str]:
+def job_counts(consumer: Consumer) -> dict[str, BoundedCount]:
     """Queued, in flight and dead jobs, each counted up to COUNT_LIMIT through its partial index
     (job_consumer_queued…, job_consumer_inflight_idx, job_consumer_dead…)."""
-    counts = {}
-    for status in (QUEUED, INFLIGHT, DEAD):
-        found = consumer.jobs.filter(status=status)[: COUNT_LIMIT + 1].count()
-        counts[status.lower()] = f"{COUNT_LIMIT:,}+" if found > COUNT_LIMIT else f"{found:,}"
-    return counts
+    return {
+        status.lower(): BoundedCount(
+            consumer.jobs.filter(status=status)[: COUNT_LIMIT + 1].count(), COUNT_LIMIT
+        )
+        for status in (QUEUED, INFLIGHT, DEAD)
+    }
 
 
 @require_http_methods(["GET", "POST"])

@@ -170,7 +170,8 @@ def tiles(rows: list[ConsumerRow], hour: Recent, beats: list[Beat], seconds: flo
         Tile("p95 latency, last hour", format_latency(hour.total.latency_ms(0.95))),
         Tile("Open circuits", str(open_circuits), alert=open_circuits > 0),
         Tile("Paused consumers", str(paused), alert=paused > 0),
-        Tile("Dispatchers", f"{alive} of {len(beats)}", alert=alive == 0 or alive < len(beats)),
+        # Only no live dispatcher at all is an alert: a killed one leaves a stale row behind.
+        Tile("Dispatchers", f"{alive} of {len(beats)}", alert=alive == 0),
     ]
 
 

@@ -60,7 +60,7 @@ LISTED_FIELDS = (
 
 def message_search_url(channel_id: str, message_id: str) -> str:
     """The message page's search for one message (ui/message_pages.py)."""
-    return f"/ui/messages?{urlencode({'q': message_id, 'channel': channel_id})}"
+    return f"{reverse('ui:messages')}?{urlencode({'q': message_id, 'channel': channel_id})}"
 
 
 def parse_cursor(value: str) -> tuple[str, str] | None:
