@@ -150,11 +150,18 @@ class Message(models.Model):
         indexes = [
             # GET /channel/{c}/messages?status=…, newest (highest id) first, keyset-paginated.
             models.Index(fields=["channel", "status", "-id"], name="message_channel_status_idx"),
-            # The release of scheduled messages: those due, oldest first.
+            # The release of scheduled messages: those due, oldest first (also the operator UI's
+            # list of pending scheduled messages of every channel).
             models.Index(
                 fields=["scheduled_for"],
                 condition=Q(status="SCHEDULED"),
                 name="message_scheduled_due_idx",
+            ),
+            # The operator UI's scheduled messages of one channel waiting for release, soonest first.
+            models.Index(
+                fields=["channel", "scheduled_for", "id"],
+                condition=Q(status="SCHEDULED"),
+                name="message_channel_pending_idx",
             ),
             # GET /channel/{c}/scheduled-messages, newest first.
             models.Index(
