@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import transaction
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
@@ -28,10 +28,6 @@ from broker.models import Channel
 from consumers import services
 from consumers.models import Consumer
 
-# Re-exported: the admin's pause/resume actions and older imports use it from here.
-
-
-T = TypeVar("T")
 CIRCUIT_STATES = ["closed", "open", "half-open"]  # Consumer.circuit_state
 
 
@@ -83,27 +79,19 @@ class ConsumerForm(StakeholderForm):
     )
 
     def validate_callbackUrl(self, value: str) -> str:  # noqa: N802
-        return _validated(services.checked_callback_url, value)
+        return services.validated(services.checked_callback_url, value)
 
     def validate_retryDelays(self, value: str) -> list[int] | None:  # noqa: N802
-        return _validated(services.parse_retry_delays, value)  # blank: BROKER_RETRY_DELAYS
+        return services.validated(services.parse_retry_delays, value)  # blank: BROKER_RETRY_DELAYS
 
     def validate_nonRetryableStatuses(self, value: str) -> list[int]:  # noqa: N802
-        return _validated(services.parse_non_retryable_statuses, value)
+        return services.validated(services.parse_non_retryable_statuses, value)
 
     def validate_maxInFlight(self, value: str) -> int | None:  # noqa: N802
-        return _validated(services.parse_max_in_flight, value)
+        return services.validated(services.parse_max_in_flight, value)
 
     def validate_signingSecret(self, value: str) -> str:  # noqa: N802
-        return _validated(services.checked_signing_secret, value)
-
-
-def _validated(validator: Callable[[str], T], value: str) -> T:
-    """The shared validator's result, its refusal as a field error of the form."""
-    try:
-        return validator(value)
-    except services.InvalidSetting as error:
-        raise serializers.ValidationError(str(error)) from None
+        return services.validated(services.checked_signing_secret, value)
 
 
 class ConsumerListView(APIView):
@@ -150,7 +138,20 @@ class ConsumerDetailView(APIView):
 CONSUMER_AS_NOW = OpenApiResponse(ConsumerSerializer, description="the consumer, after the change")
 
 
-class PauseConsumerView(APIView):
+class ConsumerServiceView(APIView):
+    """A view that acts through consumers/services.py, whose ConsumerNotFound is a 404 here.
+
+    Mapped here rather than in broker.api.errors.DOMAIN_ERRORS: importing consumers.services
+    there would be an import cycle (services uses broker.api.serializers, which imports errors).
+    """
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, services.ConsumerNotFound):
+            exc = Http404(str(exc))
+        return super().handle_exception(exc)
+
+
+class PauseConsumerView(ConsumerServiceView):
     """Pause delivery: jobs keep accumulating, none is attempted or handed out until resumed.
 
     Push deliveries already in flight finish; pull consumers' INFLIGHT jobs can still be
@@ -170,7 +171,7 @@ class ResumeConsumerView(PauseConsumerView):
     paused = False
 
 
-class CloseCircuitView(APIView):
+class CloseCircuitView(ConsumerServiceView):
     """Close the consumer's circuit now (SPEC §6.4): delivery resumes with the next claim.
 
     Resets ConsecutiveFailures and the cooldown; ChangedAt does not move, as for every circuit
@@ -202,7 +203,7 @@ class SigningSecretSerializer(serializers.Serializer[Any]):
         return data
 
 
-class SigningSecretView(APIView):
+class SigningSecretView(ConsumerServiceView):
     """A consumer's Standard Webhooks signing secret (SPEC §6.5), kept out of the consumer JSON."""
 
     @extend_schema(

@@ -3,17 +3,18 @@
 close a circuit and rotate a secret, whichever door the request came through.
 
 Validators take the text of a form field (the API's form-encoded PUT and the UI's HTML form send
-the same text) and raise `InvalidSetting` with a message fit to show next to the field.
+the same text) and raise `InvalidSetting` with a message fit to show next to the field; both
+forms call them through `validated`. A control of a consumer that does not exist raises
+`ConsumerNotFound`, which each door answers with its own 404.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from broker.api.serializers import parse_int
@@ -22,6 +23,8 @@ from broker.models import Channel
 from consumers.models import Consumer, validate_callback_url
 from consumers.safety import UnsafeCallback, check_callback_url
 from jobs.signing import InvalidSecret, decode_secret
+
+T = TypeVar("T")
 
 MAX_RETRIES = 50
 MAX_RETRY_DELAY_SECONDS = 7 * 86400
@@ -40,7 +43,23 @@ class InvalidSetting(ValueError):
     """A consumer setting that cannot be accepted; str() is the message for the user."""
 
 
+class ConsumerNotFound(LookupError):
+    """No consumer with this ID in this channel (or no such channel)."""
+
+    def __init__(self, channel_id: str, consumer_id: str) -> None:
+        super().__init__(f"No consumer {consumer_id!r} in channel {channel_id!r}.")
+
+
 # Validation of the settings (SPEC §4 extensions, §9 callback safety)
+
+
+def validated(validator: Callable[[str], T], value: str) -> T:
+    """The validator's result; its refusal as Django's ValidationError, which a form's
+    clean_<field> and a DRF serializer's validate_<field> both show as an error of the field."""
+    try:
+        return validator(value)
+    except InvalidSetting as error:
+        raise ValidationError(str(error)) from None
 
 
 def checked_callback_url(value: str) -> str:
@@ -153,20 +172,27 @@ def set_paused(consumer: Consumer, paused: bool) -> None:
     consumer.save(update_fields=["paused", "changed_at"])
 
 
+def find_consumer(channel_id: str, consumer_id: str, *, lock: bool = False) -> Consumer:
+    """The consumer (its row locked until the transaction ends if `lock`); ConsumerNotFound
+    when there is none."""
+    consumers = Consumer.objects.select_for_update() if lock else Consumer.objects.all()
+    try:
+        return consumers.get(channel_id=channel_id, public_id=consumer_id)
+    except Consumer.DoesNotExist:
+        raise ConsumerNotFound(channel_id, consumer_id) from None
+
+
 def pause_consumer(channel_id: str, consumer_id: str, paused: bool) -> Consumer:
-    """Pause (or resume) the consumer under its row lock and return it as it now is; 404 when
-    there is no such consumer."""
+    """Pause (or resume) the consumer under its row lock and return it as it now is."""
     with transaction.atomic():
-        consumer = get_object_or_404(
-            Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
-        )
+        consumer = find_consumer(channel_id, consumer_id, lock=True)
         set_paused(consumer, paused)
     return consumer
 
 
 def close_circuit(channel_id: str, consumer_id: str) -> Consumer:
-    """Close the consumer's circuit now (SPEC §6.4) and return it; 404 when there is none."""
-    consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+    """Close the consumer's circuit now (SPEC §6.4) and return it."""
+    consumer = find_consumer(channel_id, consumer_id)
     consumer.close_circuit()
     return consumer
 
@@ -175,8 +201,6 @@ def rotate_signing_secret(channel_id: str, consumer_id: str) -> Consumer:
     """Rotate the consumer's signing secret (the old one signs for 24 more hours) and return it."""
     with transaction.atomic():
         # Locked so that two concurrent rotations cannot both demote the same secret.
-        consumer = get_object_or_404(
-            Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
-        )
+        consumer = find_consumer(channel_id, consumer_id, lock=True)
         consumer.rotate_signing_secret(timezone.now())
     return consumer

@@ -100,7 +100,7 @@ def test_filters(staff_client):
 
 
 def test_pages_follow_a_cursor_without_counting(staff_client, monkeypatch):
-    monkeypatch.setattr("ui.views.PAGE_SIZE", 2)
+    monkeypatch.setattr("ui.paging.PAGE_SIZE", 2)
     jobs = [dead_job(died_ago=timedelta(minutes=minutes)) for minutes in range(5)]
 
     seen = []

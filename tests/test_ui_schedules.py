@@ -174,7 +174,7 @@ def test_the_list_shows_pending_messages_soonest_first(staff_client, orders, clo
 def test_scheduled_pages_follow_a_cursor_with_a_fixed_number_of_queries(
     staff_client, orders, clock, monkeypatch
 ):
-    monkeypatch.setattr("ui.schedule_pages.PAGE_SIZE", 2)
+    monkeypatch.setattr("ui.paging.PAGE_SIZE", 2)
     # Two share one instant: the id breaks the tie, so neither is skipped nor shown twice.
     times = [LATER, LATER, LATER, NOW + timedelta(hours=2), NOW + timedelta(days=1)]
     expected = [scheduled(f"s{number}", when).public_id for number, when in enumerate(times)]
@@ -515,7 +515,7 @@ def test_the_periodic_list(staff_client, orders, clock):
 def test_periodic_pages_follow_a_cursor_with_a_fixed_number_of_queries(
     staff_client, orders, clock, monkeypatch
 ):
-    monkeypatch.setattr("ui.periodic_pages.PAGE_SIZE", 2)
+    monkeypatch.setattr("ui.paging.PAGE_SIZE", 2)
     names = [f"p{number}" for number in range(5)]
     for name in names:
         create_via_api(name)

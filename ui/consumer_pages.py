@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ParamSpec
 
 from django import forms
 from django.contrib import messages
-from django.db.models import Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.utils import timezone
@@ -29,12 +29,12 @@ from jobs.delivery import AttemptResult
 from jobs.queue_depth import COUNT_LIMIT, BoundedCount
 from jobs.states import DEAD, INFLIGHT, QUEUED
 from jobs.test_event import send_test_event
+from ui import paging
 from ui.views import staff_only
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
+P = ParamSpec("P")
 
-PAGE_SIZE = 50
 EXCERPT_SHOWN = 2000  # characters of a test event's response kept for the page
 LISTED_FIELDS = [
     "channel_id",
@@ -91,22 +91,22 @@ class ConsumerSettingsForm(forms.Form):
     )
 
     def clean_callback_url(self) -> str:
-        return _shared(services.checked_callback_url, self.cleaned_data["callback_url"])
+        return services.validated(services.checked_callback_url, self.cleaned_data["callback_url"])
 
     def clean_retry_delays(self) -> list[int] | None:
-        return _shared(services.parse_retry_delays, self.cleaned_data["retry_delays"])
+        return services.validated(services.parse_retry_delays, self.cleaned_data["retry_delays"])
 
     def clean_non_retryable_statuses(self) -> list[int]:
-        return _shared(
+        return services.validated(
             services.parse_non_retryable_statuses, self.cleaned_data["non_retryable_statuses"]
         )
 
     def clean_max_in_flight(self) -> int | None:
-        return _shared(services.parse_max_in_flight, self.cleaned_data["max_in_flight"])
+        return services.validated(services.parse_max_in_flight, self.cleaned_data["max_in_flight"])
 
     def clean_signing_secret(self) -> str:
         secret: str = self.cleaned_data["signing_secret"]
-        return _shared(services.checked_signing_secret, secret) if secret else ""
+        return services.validated(services.checked_signing_secret, secret) if secret else ""
 
     def api_form(self) -> dict[str, Any]:
         """The cleaned settings under the API's field names, as services.save_consumer takes
@@ -175,14 +175,6 @@ class EditConsumerForm(ConsumerSettingsForm):
         )
 
 
-def _shared(validator: Callable[[str], T], value: str) -> T:
-    """The API's validator, its refusal shown next to the field."""
-    try:
-        return validator(value)
-    except services.InvalidSetting as error:
-        raise forms.ValidationError(str(error)) from None
-
-
 def _joined(numbers: list[int] | None) -> str:
     return ", ".join(str(number) for number in numbers or [])
 
@@ -202,40 +194,21 @@ class ConsumerChanged(Exception):
 @staff_only
 def consumer_list(request: HttpRequest) -> HttpResponse:
     channel_id = request.GET.get("channel", "").strip()
-    consumers = Consumer.objects.only(*LISTED_FIELDS).order_by("channel_id", "public_id")
-    if channel_id:
-        consumers = consumers.filter(channel_id=channel_id)
-    after = request.GET.get("after", "")
-    page = list(_after(consumers, after)[: PAGE_SIZE + 1])  # one more: is there a next page?
-    next_after = None
-    if len(page) > PAGE_SIZE:
-        page = page[:PAGE_SIZE]
-        next_after = f"{page[-1].channel_id}~{page[-1].public_id}"
+    consumers = listed_consumers(channel_id, request.GET.get("after", ""))
+    page = paging.page_of(request, consumers, paging.BY_CHANNEL_AND_ID.cursor_of, parameter="after")
     now = timezone.now()
-    for consumer in page:
+    for consumer in page.rows:
         consumer.circuit = consumer.circuit_state(now)  # type: ignore[attr-defined]
-    context = {
-        "consumers": page,
-        "channel": channel_id,
-        "next_after": next_after,
-        "is_first_page": not after,
-    }
+    context = {"consumers": page.rows, "channel": channel_id, **page.links()}
     return render(request, "ui/consumers.html", context)
 
 
-def _after(consumers: QuerySet[Consumer], cursor: str) -> QuerySet[Consumer]:
-    """The consumers after the cursor "<channel>~<consumer>" (IDs never contain "~").
-
-    `channel_id >= c` bounds the scan of the (channel, public_id) unique index; the OR then
-    skips the cursor's own channel up to its consumer.
-    """
-    channel_id, separator, consumer_id = cursor.partition("~")
-    if not separator:
-        return consumers
-    return consumers.filter(
-        Q(channel_id__gte=channel_id)
-        & (Q(channel_id__gt=channel_id) | Q(public_id__gt=consumer_id))
-    )
+def listed_consumers(channel_id: str, cursor: str) -> QuerySet[Consumer]:
+    consumers = Consumer.objects.only(*LISTED_FIELDS)
+    if channel_id:
+        consumers = consumers.filter(channel_id=channel_id)
+    consumers = paging.BY_CHANNEL_AND_ID.after(consumers, cursor)
+    return paging.BY_CHANNEL_AND_ID.ordered(consumers)
 
 
 # One consumer
@@ -243,6 +216,14 @@ def _after(consumers: QuerySet[Consumer], cursor: str) -> QuerySet[Consumer]:
 
 def consumer_or_404(channel_id: str, consumer_id: str) -> Consumer:
     return get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+
+
+def found(control: Callable[P, Consumer], *args: P.args, **kwargs: P.kwargs) -> Consumer:
+    """What a consumer service returns; the 404 page when there is no such consumer."""
+    try:
+        return control(*args, **kwargs)
+    except services.ConsumerNotFound:
+        raise Http404 from None
 
 
 def back_to(consumer: Consumer) -> HttpResponse:
@@ -348,7 +329,7 @@ def _unchanged_since(changed_at: datetime) -> Callable[[Consumer | None], None]:
 @require_POST
 @staff_only
 def pause(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
-    consumer = services.pause_consumer(channel_id, consumer_id, True)
+    consumer = found(services.pause_consumer, channel_id, consumer_id, True)
     messages.success(request, f"Paused {consumer.public_id}: its jobs wait until it is resumed.")
     return back_to(consumer)
 
@@ -356,7 +337,7 @@ def pause(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpRespon
 @require_POST
 @staff_only
 def resume(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
-    consumer = services.pause_consumer(channel_id, consumer_id, False)
+    consumer = found(services.pause_consumer, channel_id, consumer_id, False)
     messages.success(request, f"Resumed {consumer.public_id}: delivery goes on.")
     return back_to(consumer)
 
@@ -364,7 +345,7 @@ def resume(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpRespo
 @require_POST
 @staff_only
 def close_circuit(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
-    consumer = services.close_circuit(channel_id, consumer_id)
+    consumer = found(services.close_circuit, channel_id, consumer_id)
     messages.success(request, f"Closed the circuit of {consumer.public_id}.")
     return back_to(consumer)
 
@@ -411,7 +392,7 @@ def rotate_secret(request: HttpRequest, channel_id: str, consumer_id: str) -> Ht
     consumer = consumer_or_404(channel_id, consumer_id)
     if not _confirmed(request):
         return _confirmation(request, consumer, "rotate")
-    consumer = services.rotate_signing_secret(channel_id, consumer_id)
+    consumer = found(services.rotate_signing_secret, channel_id, consumer_id)
     logger.info("signing secret of %s rotated by %s", consumer, request.user)
     until = timezone.localtime(consumer.previous_secret_expires_at)
     messages.success(

@@ -46,7 +46,9 @@ class ConsumerRow:
 
     @property
     def delivery_rate(self) -> str:
-        return format_rate(self.hour.delivered / self.hour_seconds) if self.hour.attempts else "—"
+        if not self.hour.attempts:
+            return NOT_APPLICABLE
+        return format_rate(self.hour.delivered / self.hour_seconds)
 
     @property
     def success_hour(self) -> str:

@@ -24,9 +24,9 @@ from broker.replay import NotReplayable, ReplayResult, replay
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED
+from ui import paging
 from ui.views import message_preview, staff_only
 
-PAGE_SIZE = 50
 # A message's attempts shown on its page, newest kept: a job replayed many times cannot make
 # the page unbounded.
 MAX_ATTEMPTS = 500
@@ -55,7 +55,7 @@ class SearchForm(forms.Form):
 @staff_only
 def message_search(request: HttpRequest) -> HttpResponse:
     form = SearchForm(request.GET)
-    context: dict[str, object] = {"form": form, "hits": None, "recent": [], "next_before": None}
+    context: dict[str, object] = {"form": form, "hits": None, "recent": [], "is_first_page": True}
     if form.is_valid():
         query, channel = form.cleaned_data["q"], form.cleaned_data["channel"]
         if query:
@@ -65,10 +65,8 @@ def message_search(request: HttpRequest) -> HttpResponse:
             context["hits"] = hits
         else:
             recent = recent_messages(channel, form.cleaned_data["before"])
-            if len(recent) > PAGE_SIZE:
-                recent = recent[:PAGE_SIZE]
-                context["next_before"] = recent[-1].pk
-            context["recent"] = recent
+            page = paging.page_of(request, recent, lambda row: str(row.pk), parameter="before")
+            context.update(recent=page.rows, **page.links())
     return render(request, "ui/messages.html", context)
 
 
@@ -85,7 +83,7 @@ def find_messages(query: str, channel_id: str = "") -> list[Message]:
         by_id = by_id.filter(channel_id=channel_id)
     else:
         by_id = by_id.filter(channel_id__in=Channel.objects.values("pk"))
-    hits = {message.pk: message for message in _listing(by_id)[:PAGE_SIZE]}
+    hits = {message.pk: message for message in _listing(by_id)[: paging.PAGE_SIZE]}
     if query.isascii() and query.isdigit() and len(query) < 19:  # fits a bigint
         by_pk = Message.objects.filter(pk=int(query))
         if channel_id:
@@ -95,7 +93,7 @@ def find_messages(query: str, channel_id: str = "") -> list[Message]:
 
 
 def recent_messages(channel_id: str, before: int | None) -> list[Message]:
-    """Up to PAGE_SIZE + 1 messages, newest (highest id) first, below `before`.
+    """Up to a page and one more of messages, newest (highest id) first, below `before`.
 
     Across channels the primary key is walked backwards. For one channel each status is read
     from message_channel_status_idx (channel, status, -id), exactly in index order, and the
@@ -105,15 +103,15 @@ def recent_messages(channel_id: str, before: int | None) -> list[Message]:
         newest = Message.objects.all()
         if before:
             newest = newest.filter(pk__lt=before)
-        return list(_listing(newest).order_by("-pk")[: PAGE_SIZE + 1])
+        return list(_listing(newest).order_by("-pk")[: paging.PAGE_SIZE + 1])
     per_status = []
     for status in Message.Status.values:
         rows = Message.objects.filter(channel_id=channel_id, status=status)
         if before:
             rows = rows.filter(pk__lt=before)
-        per_status.append(list(_listing(rows).order_by("-pk")[: PAGE_SIZE + 1]))
+        per_status.append(list(_listing(rows).order_by("-pk")[: paging.PAGE_SIZE + 1]))
     merged = heapq.merge(*per_status, key=lambda message: -message.pk)
-    return list(merged)[: PAGE_SIZE + 1]
+    return list(merged)[: paging.PAGE_SIZE + 1]
 
 
 def _listing(messages: QuerySet[Message]) -> QuerySet[Message]:

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import URLPattern, path, reverse
@@ -31,9 +31,9 @@ from broker.periodic_edits import (
     new_periodic_id,
     set_enabled,
 )
+from ui import paging
 from ui.views import redirect_back, staff_only
 
-PAGE_SIZE = 50
 # Form fields an operator may leave empty to mean "not given" (default on create, unchanged on
 # edit). The others are sent even when empty: an empty ordering key or header list clears it, an
 # empty payload is refused.
@@ -63,46 +63,24 @@ def message_search_url(channel_id: str, message_id: str) -> str:
     return f"{reverse('ui:messages')}?{urlencode({'q': message_id, 'channel': channel_id})}"
 
 
-def parse_cursor(value: str) -> tuple[str, str] | None:
-    """A page cursor is the (channel, ID) of the last row of the previous page; neither can
-    contain '~' (resource IDs are letters, digits, '_' and '-')."""
-    channel_id, separator, public_id = value.partition("~")
-    return (channel_id, public_id) if separator else None
-
-
 def listed_schedules(channel_id: str, cursor: str) -> QuerySet[PeriodicMessage]:
-    """Ordered by (channel, ID): the unique constraint periodic_message_id_unique's index."""
     schedules = PeriodicMessage.objects.select_related("last_message")
     if channel_id:
         schedules = schedules.filter(channel_id=channel_id)
-    if after := parse_cursor(cursor):
-        channel, public_id = after
-        schedules = schedules.filter(
-            Q(channel_id__gte=channel), Q(channel_id__gt=channel) | Q(public_id__gt=public_id)
-        )
-    return schedules.only(*LISTED_FIELDS).order_by("channel_id", "public_id")
+    schedules = paging.BY_CHANNEL_AND_ID.after(schedules, cursor)
+    return paging.BY_CHANNEL_AND_ID.ordered(schedules.only(*LISTED_FIELDS))
 
 
 @require_GET
 @staff_only
 def periodic_list(request: HttpRequest) -> HttpResponse:
     channel_id = request.GET.get("channel", "").strip()
-    # One row more than a page says whether there is a next page, without a COUNT(*).
-    rows = list(listed_schedules(channel_id, request.GET.get("cursor", ""))[: PAGE_SIZE + 1])
-    next_page = None
-    if len(rows) > PAGE_SIZE:
-        rows = rows[:PAGE_SIZE]
-        query = request.GET.copy()
-        query["cursor"] = f"{rows[-1].channel_id}~{rows[-1].public_id}"
-        next_page = query.urlencode()
-    first_page = request.GET.copy()
-    first_page.pop("cursor", None)
+    schedules = listed_schedules(channel_id, request.GET.get("cursor", ""))
+    page = paging.page_of(request, schedules, paging.BY_CHANNEL_AND_ID.cursor_of)
     context = {
         "channel": channel_id,
-        "rows": [(schedule, last_message_url(schedule)) for schedule in rows],
-        "next_page": next_page,
-        "first_page": first_page.urlencode(),
-        "is_first_page": "cursor" not in request.GET,
+        "rows": [(schedule, last_message_url(schedule)) for schedule in page.rows],
+        **page.links(),
     }
     return render(request, "ui/periodic.html", context)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import URLPattern, path, reverse
@@ -31,13 +31,13 @@ from broker.scheduling import (
     parse_rfc3339,
     require_min_delay,
 )
-from ui import periodic_pages
-from ui.views import message_preview, parse_cursor, redirect_back, staff_only
+from ui import paging, periodic_pages
+from ui.views import message_preview, redirect_back, staff_only
 
-PAGE_SIZE = 50
 # The value of an <input type="datetime-local">: no offset, seconds optional.
 DATETIME_LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?\Z", re.ASCII)
-DEFAULT_CONTENT_TYPE = "application/octet-stream"  # as for a broadcast without Content-Type
+# Soonest release first, ties within one instant by id.
+SCHEDULED_ORDER = paging.Keyset("scheduled_for", "pk", datetime.fromisoformat, int)
 LISTED_FIELDS = (
     "pk",
     "channel_id",
@@ -106,37 +106,17 @@ def pending_messages(filters: ScheduledFilters) -> QuerySet[Message]:
     pending = Message.objects.filter(status=Message.Status.SCHEDULED)
     if channel := filters.cleaned_data["channel"]:
         pending = pending.filter(channel_id=channel)
-    if cursor := parse_cursor(filters.cleaned_data["cursor"]):
-        due, pk = cursor
-        # The >= alone bounds the index scan; the OR only breaks ties within one instant.
-        pending = pending.filter(Q(scheduled_for__gte=due), Q(scheduled_for__gt=due) | Q(pk__gt=pk))
-    return pending.only(*LISTED_FIELDS).order_by("scheduled_for", "pk")
+    pending = SCHEDULED_ORDER.after(pending, filters.cleaned_data["cursor"])
+    return SCHEDULED_ORDER.ordered(pending.only(*LISTED_FIELDS))
 
 
 @require_GET
 @staff_only
 def scheduled_list(request: HttpRequest) -> HttpResponse:
     filters = ScheduledFilters(request.GET)
-    rows: list[Message] = []
-    next_page = None
-    if filters.is_valid():
-        # One row more than a page says whether there is a next page, without a COUNT(*).
-        rows = list(pending_messages(filters)[: PAGE_SIZE + 1])
-        if len(rows) > PAGE_SIZE:
-            rows = rows[:PAGE_SIZE]
-            query = request.GET.copy()
-            last = rows[-1]
-            query["cursor"] = f"{last.scheduled_for.isoformat()}~{last.pk}"  # type: ignore[union-attr]
-            next_page = query.urlencode()
-    first_page = request.GET.copy()
-    first_page.pop("cursor", None)
-    context = {
-        "filters": filters,
-        "rows": rows,
-        "next_page": next_page,
-        "first_page": first_page.urlencode(),
-        "is_first_page": "cursor" not in request.GET,
-    }
+    pending = pending_messages(filters) if filters.is_valid() else Message.objects.none()
+    page = paging.page_of(request, pending, SCHEDULED_ORDER.cursor_of)
+    context = {"filters": filters, "rows": page.rows, **page.links()}
     return render(request, "ui/scheduled.html", context)
 
 
@@ -192,7 +172,9 @@ def schedule_message(data: dict[str, Any]) -> Message:
         producer=data["producer"],
         message_id=data["message_id"] or None,
         priority=data["priority"],
-        content_type=data["content_type"] or DEFAULT_CONTENT_TYPE,
+        # None: publish()'s default for bytes, application/octet-stream, as for a broadcast
+        # without a Content-Type.
+        content_type=data["content_type"] or None,
         ordering_key=data["ordering_key"],
         scheduled_for=data["scheduled_for"],
     )

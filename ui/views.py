@@ -21,9 +21,13 @@ from broker.models import Message
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job, delete_jobs
 from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
+from ui import paging
 
-PAGE_SIZE = 50
 PREVIEW_BYTES = 4096
+# Newest change first: the order of the partial index job_dead_recent_idx.
+DEAD_JOBS_ORDER = paging.Keyset(
+    "status_changed_at", "pk", datetime.fromisoformat, int, descending=True
+)
 
 View = TypeVar("View", bound=Callable[..., HttpResponse])
 
@@ -57,12 +61,7 @@ class DeadJobFilters(forms.Form):
             jobs = jobs.filter(Q(last_status_code=data["status_code"]))
         if data["error"]:
             jobs = jobs.filter(last_error__icontains=data["error"])
-        if cursor := parse_cursor(data["cursor"]):
-            changed_at, pk = cursor
-            jobs = jobs.filter(
-                Q(status_changed_at__lt=changed_at) | Q(status_changed_at=changed_at, pk__lt=pk)
-            )
-        return jobs
+        return DEAD_JOBS_ORDER.after(jobs, data["cursor"])
 
 
 class RequeueSinceForm(forms.Form):
@@ -71,23 +70,13 @@ class RequeueSinceForm(forms.Form):
     since = forms.DateTimeField()
 
 
-def parse_cursor(value: str) -> tuple[datetime, int] | None:
-    """A page cursor is the (status_changed_at, id) of the last row of the previous page."""
-    changed_at, _, pk = value.rpartition("~")
-    try:
-        return datetime.fromisoformat(changed_at), int(pk)
-    except ValueError:
-        return None
-
-
 def dead_jobs_with_last_status() -> QuerySet[Job]:
     last_attempt = DeliveryAttempt.objects.filter(job=OuterRef("pk")).order_by("-started_at")
-    return (
+    return DEAD_JOBS_ORDER.ordered(
         Job.objects.filter(status=DEAD)
         .select_related("message", "consumer")
         .defer("message__payload")  # never load payloads for a listing
         .annotate(last_status_code=Subquery(last_attempt.values("status_code")[:1]))
-        .order_by("-status_changed_at", "-pk")
     )
 
 
@@ -95,25 +84,9 @@ def dead_jobs_with_last_status() -> QuerySet[Job]:
 @staff_only
 def dead_jobs(request: HttpRequest) -> HttpResponse:
     filters = DeadJobFilters(request.GET)
-    jobs: list[Job] = []
-    next_page = None
-    if filters.is_valid():
-        # One row more than a page says whether there is a next page, without a COUNT(*).
-        jobs = list(filters.apply(dead_jobs_with_last_status())[: PAGE_SIZE + 1])
-        if len(jobs) > PAGE_SIZE:
-            jobs = jobs[:PAGE_SIZE]
-            query = request.GET.copy()
-            query["cursor"] = f"{jobs[-1].status_changed_at.isoformat()}~{jobs[-1].pk}"
-            next_page = query.urlencode()
-    first_page = request.GET.copy()
-    first_page.pop("cursor", None)
-    context = {
-        "filters": filters,
-        "jobs": jobs,
-        "next_page": next_page,
-        "first_page": first_page.urlencode(),
-        "is_first_page": "cursor" not in request.GET,
-    }
+    jobs = filters.apply(dead_jobs_with_last_status()) if filters.is_valid() else Job.objects.none()
+    page = paging.page_of(request, jobs, DEAD_JOBS_ORDER.cursor_of)
+    context = {"filters": filters, "jobs": page.rows, **page.links()}
     return render(request, "ui/dead_jobs.html", context)
 
 
