@@ -157,7 +157,8 @@ class Message(models.Model):
                 condition=Q(status="SCHEDULED"),
                 name="message_scheduled_due_idx",
             ),
-            # The operator UI's scheduled messages of one channel waiting for release, soonest first.
+            # The operator UI's scheduled messages of one channel waiting for release, soonest
+            # first.
             models.Index(
                 fields=["channel", "scheduled_for", "id"],
                 condition=Q(status="SCHEDULED"),

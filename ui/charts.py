@@ -1,7 +1,8 @@
 """Server-rendered SVG charts for the operator UI: no JavaScript, no chart library, no CDN.
 
-The SVG is built as an XML tree (ElementTree escapes every label), then inlined in the page.
-Each bar carries a <title>, which browsers show as a tooltip on hover.
+Stacked bars (the dashboard's deliveries) and lines (the reports' rates and latencies) share one
+canvas, axes and legend. The SVG is built as an XML tree (ElementTree escapes every label), then
+inlined in the page. Each bar and line carries a <title>, which browsers show as a tooltip.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ class Series:
     colour: str
 
 
+@dataclass(frozen=True)
+class Line:
+    name: str
+    values: Sequence[float | None]  # one per label; None: no figure for that period
+    colour: str
+
+
 def stacked_bars(
     title: str,
     labels: Sequence[str],
@@ -39,19 +47,7 @@ def stacked_bars(
     from the bar numbered `first_label` (so that they can fall on round times)."""
     if any(len(s.values) != len(labels) for s in series):
         raise ValueError("every series needs one value per label")
-    svg = ET.Element(
-        "svg",
-        {
-            "xmlns": SVG_NS,
-            "viewBox": f"0 0 {WIDTH} {HEIGHT}",
-            "role": "img",
-            "class": "chart",
-            "font-family": "system-ui, sans-serif",
-            "font-size": "11",
-        },
-    )
-    ET.SubElement(svg, "title").text = title
-    _text(svg, LEFT, 16, title, weight="600", size="13")
+    svg = _canvas(title)
     _legend(svg, series)
     totals = [sum(s.values[i] for s in series) for i in range(len(labels))]
     top, step = nice_scale(max(totals, default=0))
@@ -60,6 +56,31 @@ def stacked_bars(
     _x_axis(svg, labels, label_every, first_label)
     if not any(totals):
         _text(svg, LEFT + _plot_width() / 2, TOP + _plot_height() / 2, "Nothing yet", "middle")
+    return mark_safe(ET.tostring(svg, encoding="unicode"))  # noqa: S308 (escaped by ElementTree)
+
+
+def line_chart(
+    title: str,
+    labels: Sequence[str],
+    lines: Sequence[Line],
+    *,
+    unit: str = "",
+    top: float | None = None,
+    label_every: int = 1,
+) -> SafeString:
+    """A chart of `lines` over `labels`, with a gap where a value is missing; the y axis goes to
+    `top` (a rate's 1.0, say), or to a round number above the largest value."""
+    svg = _canvas(title)
+    _legend(svg, lines)
+    largest = max((v for line in lines for v in line.values if v is not None), default=0.0)
+    top, step = (top, top / 4) if top else nice_scale(largest)
+    _y_axis(svg, top, step, unit)
+    _x_axis(svg, labels, label_every, 0)
+    for line in lines:
+        for run in _runs(line.values):
+            _polyline(svg, line, run, labels, top, unit)
+    if not any(v is not None for line in lines for v in line.values):
+        _text(svg, LEFT + _plot_width() / 2, TOP + _plot_height() / 2, "No figures", "middle")
     return mark_safe(ET.tostring(svg, encoding="unicode"))  # noqa: S308 (escaped by ElementTree)
 
 
@@ -81,6 +102,23 @@ def compact_number(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _canvas(title: str) -> ET.Element:
+    svg = ET.Element(
+        "svg",
+        {
+            "xmlns": SVG_NS,
+            "viewBox": f"0 0 {WIDTH} {HEIGHT}",
+            "role": "img",
+            "class": "chart",
+            "font-family": "system-ui, sans-serif",
+            "font-size": "11",
+        },
+    )
+    ET.SubElement(svg, "title").text = title
+    _text(svg, LEFT, 16, title, weight="600", size="13")
+    return svg
+
+
 def _plot_width() -> float:
     return WIDTH - LEFT - RIGHT
 
@@ -93,12 +131,17 @@ def _y(value: float, top: float) -> float:
     return TOP + _plot_height() * (1 - value / top)
 
 
-def _y_axis(svg: ET.Element, top: float, step: float) -> None:
+def _x(index: int, count: int) -> float:
+    """The middle of the slot of the index-th label."""
+    return LEFT + (index + 0.5) * _plot_width() / max(count, 1)
+
+
+def _y_axis(svg: ET.Element, top: float, step: float, unit: str = "") -> None:
     for i in range(round(top / step) + 1):
         value = i * step
         y = _y(value, top)
         _line(svg, LEFT, y, WIDTH - RIGHT, y, GRID if i else TEXT)
-        _text(svg, LEFT - 6, y + 4, compact_number(value), "end")
+        _text(svg, LEFT - 6, y + 4, compact_number(value) + unit, "end")
     _line(svg, LEFT, TOP, LEFT, TOP + _plot_height(), TEXT)
 
 
@@ -124,16 +167,51 @@ def _bars(svg: ET.Element, labels: Sequence[str], series: Sequence[Series], top:
             base += s.values[i]
 
 
+def _polyline(
+    svg: ET.Element,
+    line: Line,
+    run: list[tuple[int, float]],
+    labels: Sequence[str],
+    top: float,
+    unit: str,
+) -> None:
+    group = ET.SubElement(svg, "g", {"class": "line"})
+    latest = ", ".join(f"{labels[i]} {compact_number(v)}{unit}" for i, v in run[-3:])
+    ET.SubElement(group, "title").text = f"{line.name}: {latest}"
+    points = [(_fmt(_x(i, len(labels))), _fmt(_y(min(v, top), top))) for i, v in run]
+    if len(points) == 1:
+        ((cx, cy),) = points
+        ET.SubElement(group, "circle", cx=cx, cy=cy, r="2.5", fill=line.colour)
+    else:
+        ET.SubElement(
+            group,
+            "polyline",
+            {"stroke-width": "2", "fill": "none", "stroke": line.colour},
+            points=" ".join(f"{x},{y}" for x, y in points),
+        )
+
+
+def _runs(values: Sequence[float | None]) -> list[list[tuple[int, float]]]:
+    """Consecutive stretches of values that exist: a line is not drawn across a gap."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for index, value in enumerate(values):
+        if value is None:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append((index, value))
+    return [run for run in runs if run]
+
+
 def _x_axis(svg: ET.Element, labels: Sequence[str], every: int, first: int) -> None:
-    slot = _plot_width() / max(len(labels), 1)
     for i, label in enumerate(labels):
         if (i - first) % every == 0:
-            x = LEFT + (i + 0.5) * slot
+            x = _x(i, len(labels))
             _line(svg, x, TOP + _plot_height(), x, TOP + _plot_height() + 4, TEXT)
             _text(svg, x, HEIGHT - BOTTOM + 17, label, "middle")
 
 
-def _legend(svg: ET.Element, series: Sequence[Series]) -> None:
+def _legend(svg: ET.Element, series: Sequence[Series | Line]) -> None:
     x = WIDTH - RIGHT
     for s in reversed(series):  # right-aligned: lay out from the right edge
         x -= 7 * len(s.name) + 22

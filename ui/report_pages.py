@@ -6,6 +6,7 @@ Read-only. Three queries whatever the size of the report table, each bounded by 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,8 +20,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from jobs.models import DeliveryReport
-from ui.charts import Series, stacked_bars
-from ui.report_charts import Line, line_chart
+from ui.charts import Line, Series, line_chart, stacked_bars
 from ui.views import staff_only
 
 MAX_PERIODS = {"day": 366, "hour": 24 * 14}  # the widest range one page charts
@@ -59,6 +59,11 @@ class ReportFilters(forms.Form):
         return rows
 
 
+def percent(rate: float | None) -> str:
+    """0.9952 -> "99.5 %", rounded down so that only a perfect rate reads 100 %."""
+    return "—" if rate is None else f"{math.floor(rate * 1000) / 10:.1f} %"
+
+
 def _floor(moment: datetime, grain: str) -> datetime:
     moment = moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     return moment.replace(hour=0) if grain == "day" else moment
@@ -78,6 +83,10 @@ class ConsumerSummary:
     def success_rate(self) -> float | None:
         finished = self.delivered + self.dead
         return self.delivered / finished if finished else None
+
+    @property
+    def success_percent(self) -> str:
+        return percent(self.success_rate)
 
 
 def consumer_summaries(rows: QuerySet[DeliveryReport]) -> list[ConsumerSummary]:
@@ -197,7 +206,10 @@ def reports(request: HttpRequest) -> HttpResponse:
             since=since,
             until=until,
             consumers=consumer_summaries(rows),
-            latest=list(rows.order_by("-period_start", "channel_id", "consumer_id")[:LATEST_ROWS]),
+            latest=[
+                (row, percent(row.success_rate), percent(row.first_attempt_success_rate))
+                for row in rows.order_by("-period_start", "channel_id", "consumer_id")[:LATEST_ROWS]
+            ],
             latest_limit=LATEST_ROWS,
             **charts(rows, grain, since, until),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from ui import consumer_pages, dashboard, message_pages, schedule_pages, views
+from ui import consumer_pages, dashboard, message_pages, report_pages, schedule_pages, views
 
 app_name = "ui"
 
@@ -19,4 +19,5 @@ urlpatterns = [
     *consumer_pages.urlpatterns,
     *message_pages.urlpatterns,
     *schedule_pages.urlpatterns,
+    *report_pages.urlpatterns,
 ]

@@ -1,0 +1,236 @@
+"""spark_etl on a large history: `report` and `archive` over 1,000,000 jobs and 3,000,000
+attempts with local[2] (targets: report <= 3 min, archive <= 5 min).
+
+Builds a fresh `bench_spark_etl` database, generates the history in SQL (generate_series),
+runs `python -m spark_etl report`, then `archive`, each as the command an operator runs, times
+them, checks the figures and the counts, and drops the database.
+
+    .venv/bin/python bench/spark_pipeline.py                   # the targets' size
+    .venv/bin/python bench/spark_pipeline.py --messages 25000  # a quick run (10x smaller)
+
+(Not bench/spark_etl.py: a script of that name would shadow the spark_etl package for mypy and
+for anything run from bench/.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+from dispatch_harness import HOST, PG_PORT, PG_USER, ROOT, admin_connection, machine
+from psycopg import sql
+
+DATABASE = "bench_spark_etl"
+CONSUMERS = 4
+DAYS = 10  # the history spans ten days, 45 to 35 days ago (older than the 30-day retention)
+TARGETS = {"report": 180.0, "archive": 300.0}
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--messages", type=int, default=250_000, help="x 4 consumers = jobs; x ~3 = attempts"
+    )
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="3g")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    return parser.parse_args()
+
+
+def database_url() -> str:
+    return f"postgres://{PG_USER}@{HOST}:{PG_PORT}/{DATABASE}"
+
+
+def recreate_database() -> None:
+    with admin_connection() as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+
+
+def drop_database() -> None:
+    with admin_connection() as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
+        )
+
+
+def environment(output: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "DJANGO_SETTINGS_MODULE": "broker.settings",
+        "SPARK_ETL_OUTPUT": output,
+        "BROKER_RETENTION_DAYS": "30",
+        "PYTHONWARNINGS": "ignore:No directory at:UserWarning",
+    }
+
+
+def migrate_and_make_consumers(env: dict[str, str]) -> None:
+    """The schema, one channel and its consumers through Django (secrets are encrypted)."""
+    script = (
+        "import django; django.setup()\n"
+        "from django.core.management import call_command\n"
+        "call_command('migrate', interactive=False, verbosity=0)\n"
+        "from broker.models import Channel, Producer\n"
+        "from consumers.models import Consumer\n"
+        "c = Channel(id='bench', name='Bench'); c.set_token('t'); c.save()\n"
+        "p = Producer(id='bench-producer', name='P'); p.set_token('t'); p.save()\n"
+        f"for n in range({CONSUMERS}):\n"
+        "    Consumer.objects.create(channel=c, public_id=f'c{n}', name=f'c{n}',"
+        " callback_url='http://127.0.0.1:9/hook')\n"
+    )
+    subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True)  # noqa: S603
+
+
+# Jobs: 1 in 10 DEAD, the rest DELIVERED; 1 + id % 5 attempts (3 on average), the last one of a
+# delivered job a 200, the others 503 or a timeout; latencies spread from 0.05 s to ~2 min.
+HISTORY_SQL = """
+INSERT INTO broker_message (channel_id, producer_id, public_id, payload, payload_file, payload_size,
+    content_type, priority, headers, ordering_key, status, received_at)
+SELECT 'bench', 'bench-producer', 'm-' || i, '\\x7b7d'::bytea, '', 2, 'application/json', 0,
+    '{}'::jsonb, '', 'DISPATCHED',
+    now() - interval '45 days' + (i * interval '10 days' / %(messages)s)
+FROM generate_series(1, %(messages)s) AS i;
+
+INSERT INTO jobs_job (message_id, consumer_id, status, priority, ordering_key, attempts,
+    next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
+SELECT m.id, c.id, CASE WHEN (m.id + c.id) %% 10 = 0 THEN 'DEAD' ELSE 'DELIVERED' END, 0, '',
+    1 + (m.id + c.id) %% 5, m.received_at, 0, '', m.received_at,
+    m.received_at + ((50 + (m.id * 7919 + c.id * 104729) %% 120000) * interval '1 millisecond')
+FROM broker_message m CROSS JOIN consumers_consumer c;
+
+INSERT INTO jobs_deliveryattempt (job_id, attempt_number, started_at, duration_ms, status_code,
+    error_class, response_excerpt, dispatcher_id)
+SELECT j.id, n, j.created_at + n * interval '1 second', 12.5,
+    CASE WHEN n = j.attempts AND j.status = 'DELIVERED' THEN 200
+         WHEN n %% 2 = 1 THEN 503 END,
+    CASE WHEN n = j.attempts AND j.status = 'DELIVERED' THEN ''
+         WHEN n %% 2 = 1 THEN 'http-status' ELSE 'timeout' END,
+    '', 'bench'
+FROM jobs_job j CROSS JOIN LATERAL generate_series(1, j.attempts) AS n;
+
+ANALYZE;
+"""
+
+
+def generate_history(messages: int) -> tuple[int, int, int]:
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        for statement in filter(str.strip, HISTORY_SQL.split(";\n")):
+            conn.execute(statement, {"messages": messages})
+        counts = conn.execute(
+            "SELECT (SELECT count(*) FROM broker_message), (SELECT count(*) FROM jobs_job),"
+            " (SELECT count(*) FROM jobs_deliveryattempt)"
+        ).fetchone()
+    if counts is None:
+        raise SystemExit("no counts")
+    return counts[0], counts[1], counts[2]
+
+
+def run_job(job: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[float, str]:
+    command = [sys.executable, "-m", "spark_etl", job, "--master", args.master]
+    conf = {**env, "SPARK_ETL_CONF": f"spark.driver.memory={args.driver_memory}"}
+    started = time.monotonic()
+    run = subprocess.run(command, env=conf, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603
+    seconds = time.monotonic() - started
+    if run.returncode:
+        sys.stderr.write(run.stderr[-5000:])
+        raise SystemExit(f"{job} failed")
+    for line in run.stderr.splitlines():
+        if "spark_etl.pipeline" in line:  # the pipeline's own progress, with timings
+            print("  " + line)
+    return seconds, run.stdout.strip().splitlines()[-1]
+
+
+def check_report(jobs: int) -> str:
+    with psycopg.connect(database_url()) as conn:
+        row = conn.execute(
+            "SELECT count(*), sum(jobs), sum(delivered), sum(dead) FROM jobs_deliveryreport"
+            " WHERE grain = 'day'"
+        ).fetchone()
+        hours = conn.execute(
+            "SELECT count(*), sum(jobs) FROM jobs_deliveryreport WHERE grain = 'hour'"
+        ).fetchone()
+        expected = conn.execute(
+            "SELECT count(*) FILTER (WHERE status = 'DELIVERED'), count(*) FILTER"
+            " (WHERE status = 'DEAD') FROM jobs_job"
+        ).fetchone()
+    if not (row and hours and expected):
+        raise SystemExit("no report figures")
+    ok = row[1] == jobs == hours[1] and (row[2], row[3]) == expected
+    return (
+        f"{row[0]} day rows and {hours[0]} hour rows; jobs {row[1]:,} (hours {hours[1]:,}),"
+        f" delivered {row[2]:,}, dead {row[3]:,}: {'OK' if ok else 'MISMATCH'}"
+    )
+
+
+def check_archive(counts: tuple[int, int, int]) -> str:
+    with psycopg.connect(database_url()) as conn:
+        archived = conn.execute(
+            "SELECT count(*), sum(messages), sum(jobs), sum(attempts) FROM spark_etl_archive_batch"
+            " WHERE state = 'done'"
+        ).fetchone()
+        left = conn.execute(
+            "SELECT (SELECT count(*) FROM broker_message), (SELECT count(*) FROM jobs_job),"
+            " (SELECT count(*) FROM jobs_deliveryattempt)"
+        ).fetchone()
+    if not (archived and left):
+        raise SystemExit("no archive figures")
+    ok = tuple(archived[1:]) == counts and tuple(left) == (0, 0, 0)
+    return (
+        f"{archived[0]} batches; archived {archived[1]:,} messages, {archived[2]:,} jobs,"
+        f" {archived[3]:,} attempts; left in PostgreSQL {left}: {'OK' if ok else 'MISMATCH'}"
+    )
+
+
+def parquet_rows(output: str) -> str:
+    sizes = {
+        table: sum(f.stat().st_size for f in Path(output, "archive", table).rglob("*.parquet"))
+        for table in ("messages", "jobs", "attempts")
+    }
+    return ", ".join(f"{table} {size / 2**20:.0f} MiB" for table, size in sizes.items())
+
+
+def main() -> None:
+    args = arguments()
+    print(f"# spark_etl bench: {machine()}")
+    print(f"master {args.master}, driver memory {args.driver_memory}")
+    output = tempfile.mkdtemp(prefix="bench-spark-etl-")
+    env = environment(output)
+    recreate_database()
+    try:
+        migrate_and_make_consumers(env)
+        started = time.monotonic()
+        counts = generate_history(args.messages)
+        print(
+            f"history: {counts[0]:,} messages, {counts[1]:,} jobs, {counts[2]:,} attempts"
+            f" (generated in {time.monotonic() - started:.0f} s)"
+        )
+        results = {}
+        for job in ("report", "archive"):
+            seconds, line = run_job(job, args, env)
+            results[job] = seconds
+            print(f"{job}: {seconds:.1f} s (target {TARGETS[job]:.0f} s) - {line}")
+            if job == "report":
+                print("  check: " + check_report(counts[1]))
+            else:
+                print("  check: " + check_archive(counts))
+                print("  Parquet: " + parquet_rows(output))
+        for job, seconds in results.items():
+            met = "met" if seconds <= TARGETS[job] else "MISSED"
+            print(f"verdict {job}: {seconds:.1f} s <= {TARGETS[job]:.0f} s: {met}")
+    finally:
+        if not args.keep:
+            drop_database()
+        subprocess.run(["rm", "-rf", output], check=False)  # noqa: S603, S607
+
+
+if __name__ == "__main__":
+    main()

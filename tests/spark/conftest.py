@@ -1,0 +1,92 @@
+"""One SparkSession (local[2]) for the whole test run, and the pipeline's configuration for the
+test database.
+
+Spark tests need Java, Debian's PostgreSQL JDBC driver and PostgreSQL; without one of them they
+are skipped with the reason. They use transactional tests (committed rows) because Spark reads
+the database through JDBC connections of its own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from spark_etl.config import DEFAULT_JDBC_JAR, Database, EtlConfig
+
+
+def missing_requirement() -> str | None:
+    if importlib.util.find_spec("pyspark") is None:
+        return "needs pyspark (pip install -r requirements.txt)"
+    if shutil.which("java") is None:
+        return "needs Java 17 (apt-get install openjdk-17-jre-headless)"
+    if not Path(DEFAULT_JDBC_JAR).exists():
+        return f"needs the PostgreSQL JDBC driver at {DEFAULT_JDBC_JAR} (libpostgresql-jdbc-java)"
+    return None
+
+
+MISSING = missing_requirement()
+
+# Module-level marks of the Spark tests on small frames, with no database.
+spark_only = [
+    pytest.mark.postgres,  # skipped on SQLite by tests/conftest.py, as the suite's Spark part
+    pytest.mark.skipif(MISSING is not None, reason=MISSING or ""),
+]
+# Module-level marks of the Spark tests against the test database.
+spark_test = [*spark_only, pytest.mark.django_db(transaction=True)]
+
+
+def test_database() -> Database:
+    settings = connection.settings_dict
+    return Database(
+        host=settings["HOST"] or "127.0.0.1",
+        port=int(settings["PORT"] or 5432),
+        name=settings["NAME"],
+        user=settings["USER"] or "postgres",
+        password=settings["PASSWORD"] or "",
+    )
+
+
+SPARK_CONF = {
+    "spark.sql.shuffle.partitions": "2",  # small data: a task per core and stage, not 200
+    "spark.default.parallelism": "2",
+    "spark.ui.enabled": "false",
+    "spark.driver.memory": "1g",
+}
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from spark_etl import io
+
+    session = io.build_session(
+        EtlConfig(database=Database("", 0, "", ""), master="local[2]", spark_conf=SPARK_CONF)
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+    # py4j logs from finalizers at interpreter exit, after pytest closed the streams.
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+
+@pytest.fixture
+def etl_config(tmp_path, spark):
+    """The pipeline's configuration for this test's database, with fresh bookkeeping tables."""
+    config = EtlConfig(
+        database=test_database(),
+        output=str(tmp_path / "spark-output"),
+        master="local[2]",
+        read_partitions=2,
+        payload_dir=os.environ["BROKER_PAYLOAD_DIR"],
+        spark_conf=SPARK_CONF,
+    )
+    # pytest-django empties Django's tables between tests, not the pipeline's own.
+    with connection.cursor() as cursor:
+        for table in ("spark_etl_watermark", "spark_etl_archive_batch"):
+            cursor.execute(f"DROP TABLE IF EXISTS {table}")
+    return config
