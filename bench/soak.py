@@ -10,7 +10,7 @@ publish → delivery latency per minute (push: arrival at the receiver; pull: th
 It exits non-zero when a job was lost, a job is not DELIVERED, or a process's memory grew by more
 than `--max-growth-mb` after the first quarter of the run.
 
-    .venv/bin/python bench/soak.py                    # 600 s at 100 messages/s
+    .venv/bin/python bench/soak.py                    # 600 s at 25 messages/s (100 jobs/s)
     .venv/bin/python bench/soak.py --seconds 60       # the short run tests/test_soak.py makes
 """
 
@@ -71,7 +71,7 @@ def parse_arguments() -> argparse.Namespace:
     )
     add = parser.add_argument
     add("--seconds", type=float, default=600.0, help="publishing time")
-    add("--rate", type=float, default=100.0, help="messages/s published over HTTP")
+    add("--rate", type=float, default=25.0, help="messages/s published over HTTP")
     add("--push", type=int, default=2, help="push consumers")
     add("--pull", type=int, default=2, help="pull consumers, one worker process each")
     add("--dispatchers", type=int, default=2, help="dispatcher processes")
