@@ -573,6 +573,11 @@ def test_a_real_cursor_works(client):
     assert len(response.json()["Result"]) == 5
 
 
+def _signed(value: object, salt: str = CURSOR_SALT) -> str:
+    """Signed with the broker's own key, as the API signs its cursors."""
+    return signing.Signer(salt=salt).sign_object(value, compress=True)
+
+
 def _tampered(cursor: str) -> list[str]:
     value, _, signature = cursor.rpartition(":")
     flipped = signature[:-1] + ("A" if signature[-1] != "A" else "B")
@@ -580,11 +585,13 @@ def _tampered(cursor: str) -> list[str]:
         f"{value}:{flipped}",  # signature changed
         f"{value[:-1]}{'A' if value[-1] != 'A' else 'B'}:{signature}",  # payload changed
         value,  # signature dropped
-        signing.dumps(["2030-01-01T00:00:00+00:00", "1"], salt="another-salt", compress=True),
-        signing.dumps(["not a date", "1"], salt=CURSOR_SALT),  # right key, wrong shape
-        signing.dumps(["2030-01-01T00:00:00+00:00"], salt=CURSOR_SALT),
-        signing.dumps({"a": 1}, salt=CURSOR_SALT),
-        signing.dumps(["2030-01-01T00:00:00+00:00", "x" * 10_000], salt=CURSOR_SALT),
+        _signed(["2030-01-01T00:00:00+00:00", "1"], salt="another-salt"),
+        _signed(["not a date", "1"]),  # right key, wrong shape
+        _signed(["2030-01-01T00:00:00+00:00"]),
+        _signed({"a": 1}),
+        _signed(["2030-01-01T00:00:00+00:00", "x" * 10_000]),
+        # Signed as a cursor used to be (with a time stamp): no longer a valid cursor.
+        signing.dumps(["2030-01-01T00:00:00+00:00", "1"], salt=CURSOR_SALT, compress=True),
         "A" * 10_000,
         "' OR 1=1 --",
     ]

@@ -62,12 +62,19 @@ def _beyond(keys: Sequence[str], values: list[Any], lookup: str) -> Q:
 def _make_cursor(item: Model, keys: Sequence[str]) -> str:
     values = [getattr(item, key) for key in keys]
     encoded = [value.isoformat() if hasattr(value, "isoformat") else str(value) for value in values]
-    return signing.dumps(encoded, salt=CURSOR_SALT, compress=True)
+    # A Signer, not signing.dumps: dumps stamps the time, so the same page would get a different
+    # link every second, and a cursor needs no expiry (it only names a row).
+    return _signer().sign_object(encoded, compress=True)
+
+
+def _signer() -> signing.Signer:
+    """Made per use: it reads SECRET_KEY then, so a key rotation applies at once."""
+    return signing.Signer(salt=CURSOR_SALT)
 
 
 def _read_cursor(cursor: str, model: type[Model], keys: Sequence[str]) -> list[Any]:
     try:
-        raw = signing.loads(cursor, salt=CURSOR_SALT)
+        raw = _signer().unsign_object(cursor)
         if not isinstance(raw, list) or len(raw) != len(keys):
             raise ValueError("cursor shape")
         return [_field(model, key).to_python(value) for key, value in zip(keys, raw, strict=True)]
