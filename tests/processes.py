@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,3 +49,17 @@ def wait_until(condition, seconds: float) -> float:
         assert time.monotonic() - started < seconds, "timed out"
         time.sleep(0.02)
     return time.monotonic() - started
+
+
+def stop(process: subprocess.Popen[str]) -> str:
+    """SIGTERM, then the process's output once it has exited."""
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=30)
+    return output
+
+
+def kill_if_running(*processes: subprocess.Popen[str]) -> None:
+    """What a failing test left running is killed, so it does not outlive the test."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()

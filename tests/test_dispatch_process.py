@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -18,7 +17,7 @@ from broker.models import Channel
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
-from tests.processes import start_dispatcher, wait_until
+from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -49,11 +48,9 @@ def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(rece
         latency = wait_until(lambda: Job.objects.filter(status=DELIVERED).count() == 51, seconds=10)
         assert latency < 2
 
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=30)
+        output = stop(process)
     finally:
-        if process.poll() is None:
-            process.kill()
+        kill_if_running(process)
     assert process.returncode == 0, output
     assert "stopped" in output
     assert len(receiver.received) == 51
@@ -88,11 +85,9 @@ def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(receiver):
         try:
             wait_until(lambda: len(receiver.received) == 1, seconds=30)
             wait_until(lambda: Job.objects.filter(status=INFLIGHT).count() == 2, seconds=10)
-            process.send_signal(signal.SIGTERM)
-            output, _ = process.communicate(timeout=30)
+            output = stop(process)
         finally:
-            if process.poll() is None:
-                process.kill()
+            kill_if_running(process)
 
     assert process.returncode == 0, output
     sent = Job.objects.get(consumer__public_id="billing")
@@ -118,12 +113,9 @@ def test_kill_9_of_one_of_two_dispatchers_loses_nothing(receiver):
         victim.kill()  # SIGKILL: no chance to clean up
         victim.wait(timeout=10)
         wait_until(lambda: Job.objects.filter(status=DELIVERED).count() == 2000, seconds=90)
-        survivor.send_signal(signal.SIGTERM)
-        survivor.communicate(timeout=30)
+        stop(survivor)
     finally:
-        for process in (victim, survivor):
-            if process.poll() is None:
-                process.kill()
+        kill_if_running(victim, survivor)
 
     assert survivor.returncode == 0
     delivered_ids = [request.headers["X-Broker-Message-ID"] for request in receiver.received]
@@ -167,11 +159,9 @@ def test_a_database_restart_mid_run_loses_nothing(receiver):
                 return False
 
         wait_until(all_delivered, seconds=120)
-        dispatcher.send_signal(signal.SIGTERM)
-        output, _ = dispatcher.communicate(timeout=30)
+        output = stop(dispatcher)
     finally:
-        if dispatcher.poll() is None:
-            dispatcher.kill()
+        kill_if_running(dispatcher)
     assert dispatcher.returncode == 0, output
     assert "database unavailable" in output  # the restart did hit the dispatcher
     delivered_ids = [request.headers["X-Broker-Message-ID"] for request in receiver.received]
@@ -193,10 +183,8 @@ def test_the_dispatch_command_releases_a_scheduled_message_on_time(receiver):
         publish(channel, b"x", producer="shop", message_id="on-time", scheduled_for=due)
         wait_until(lambda: len(receiver.received) == 1, seconds=10)
         late = timezone.now() - due
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=30)
+        stop(process)
     finally:
-        if process.poll() is None:
-            process.kill()
+        kill_if_running(process)
     # Released within a second of its time (the loop looks every 0.5 s), not at the 30 s poll.
     assert late < timedelta(seconds=1.5)

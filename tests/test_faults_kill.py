@@ -9,7 +9,6 @@ killed dispatcher had in flight: at most its concurrency per kill.
 from __future__ import annotations
 
 import random
-import signal
 import subprocess
 import time
 
@@ -20,7 +19,7 @@ from jobs.models import Job
 from jobs.states import DELIVERED
 from tests.faults import report
 from tests.helpers import make_channel, make_consumer, make_producer
-from tests.processes import start_dispatcher, wait_until
+from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -66,13 +65,9 @@ def test_repeated_kill_9_of_random_dispatchers_loses_nothing(receiver):
         kills_done_at = len(receiver.received)
         delivered = Job.objects.filter(status=DELIVERED)
         wait_until(lambda: delivered.count() == MESSAGES, seconds=180)
-        for dispatcher in dispatchers:
-            dispatcher.send_signal(signal.SIGTERM)
-        outputs = [dispatcher.communicate(timeout=30)[0] for dispatcher in dispatchers]
+        outputs = [stop(dispatcher) for dispatcher in dispatchers]
     finally:
-        for process in dispatchers + killed:
-            if process.poll() is None:
-                process.kill()
+        kill_if_running(*dispatchers, *killed)
     assert [d.returncode for d in dispatchers] == [0] * DISPATCHERS, outputs
 
     delivered_ids = [request.headers["X-Broker-Message-ID"] for request in receiver.received]

@@ -6,8 +6,6 @@ must stay within bounded memory while receivers send huge or endless bodies.
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
 from broker import publish
@@ -17,7 +15,7 @@ from jobs.states import DEAD, DELIVERED
 from tests.faults import report
 from tests.faulty_receiver import BEHAVIOURS, FaultyReceiver
 from tests.helpers import make_channel, make_consumer, make_producer
-from tests.processes import start_dispatcher, wait_until
+from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -73,11 +71,9 @@ def test_every_misbehaving_receiver_ends_delivered_or_dead_with_a_reason(faulty_
         unfinished = Job.objects.exclude(status__in=[DELIVERED, DEAD])
         wait_until(lambda: not unfinished.exists(), seconds=120)
         peak_kb = peak_rss_kb(dispatcher.pid)
-        dispatcher.send_signal(signal.SIGTERM)
-        output, _ = dispatcher.communicate(timeout=30)
+        output = stop(dispatcher)
     finally:
-        if dispatcher.poll() is None:
-            dispatcher.kill()
+        kill_if_running(dispatcher)
     assert dispatcher.returncode == 0, output
 
     flapping = Job.objects.filter(consumer__public_id="flap")
