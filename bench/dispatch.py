@@ -65,6 +65,7 @@ from dispatch_harness import (
     DispatchOptions,
     Drain,
     Receivers,
+    close_django_connections,
     count_receipts,
     cpu_by_group,
     cpu_table,
@@ -75,6 +76,7 @@ from dispatch_harness import (
     fresh_database,
     log_tail,
     machine,
+    percentile,
     prepare,
     process_cpu,
     queue_jobs,
@@ -304,11 +306,6 @@ def publish_steadily(
         if tick:
             tick()
     return sent
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
 
 
 def scenario_latency(bench: Bench) -> None:
@@ -735,12 +732,6 @@ def main() -> None:
     print("\nscenario  target                                       met      figure")
     for v in bench.verdicts:
         print(f"{v.scenario:9} {v.target:44} {'met' if v.met else 'NOT met':8} {v.figure}")
-
-
-def close_django_connections() -> None:
-    from django.db import connections
-
-    connections.close_all()
 
 
 if __name__ == "__main__":

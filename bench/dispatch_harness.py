@@ -540,6 +540,17 @@ def rss_mb(pid: int) -> float:
     return math.nan
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
+
+
+def close_django_connections() -> None:
+    from django.db import connections
+
+    connections.close_all()
+
+
 # --- timing a drain -------------------------------------------------------------------------
 
 

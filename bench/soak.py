@@ -39,10 +39,12 @@ from dispatch_harness import (
     ROOT,
     Bench,
     DispatchOptions,
+    close_django_connections,
     dispatchers,
     free_port,
     fresh_database,
     machine,
+    percentile,
     prepare,
     receivers,
     rss_mb,
@@ -197,11 +199,6 @@ def wait_until_all_delivered(bench: Bench, expected: int, timeout: float) -> boo
     return False
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)] if ordered else math.nan
-
-
 def latency_by_minute(run: Run, arrivals: dict[str, float]) -> list[tuple[int, int, float, float]]:
     """(minute, count, p50 ms, p99 ms) of publish → arrival, by the minute of publishing."""
     start = min(run.published.values(), default=0.0)
@@ -327,12 +324,6 @@ def report(
         if grew > args.max_growth_mb:
             failures.append(f"{name} grew {grew:.1f} MB after the first quarter")
     return failures
-
-
-def close_django_connections() -> None:
-    from django.db import connections
-
-    connections.close_all()
 
 
 if __name__ == "__main__":
