@@ -394,7 +394,8 @@ class Receivers:
     def pids(self) -> set[int]:
         return {process.pid for process in self.processes}
 
-    def wait_until_serving(self, timeout: float = 20) -> None:
+    def wait_until_serving(self, timeout: float = 60) -> None:
+        # Generous: on a loaded machine the receiver's imports alone can take seconds.
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -533,11 +534,30 @@ def process_cpu(pid: int) -> float:
     return process_stat(pid)[2]
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+def resident_mb(pid: int) -> float | None:
+    """Resident memory in MB; None once the process has ended (a zombie has no VmRSS)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    for line in status.splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
-    return math.nan
+    return None
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory in MB of a process that must still be running."""
+    rss = resident_mb(pid)
+    if rss is None:
+        raise ProcessLookupError(f"process {pid} has ended")
+    return rss
+
+
+def children_of(pid: int) -> set[int]:
+    """The running children of `pid` (/proc/PID/task/*/children needs CONFIG_PROC_CHILDREN,
+    which the test machine's kernel lacks)."""
+    return {child for child, (parent, _, _) in cpu_table().items() if parent == pid}
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -240,7 +240,7 @@ def wait_until_serving(port: int, process: subprocess.Popen[bytes], timeout: flo
             with urllib.request.urlopen(f"http://{HOST}:{port}/_status", timeout=2) as answer:
                 if answer.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError):
+        except OSError:  # refused, reset or timed out (URLError is one too): not up yet
             time.sleep(0.2)
     raise RuntimeError("gunicorn did not answer /_status in time")
 
@@ -338,9 +338,19 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
 
 
 async def drive(
-    port: int, clients: int, channels: int, limit: int, duration: float, prefix: str
+    port: int,
+    clients: int,
+    channels: int,
+    limit: int,
+    duration: float,
+    prefix: str,
+    keep_alive: bool = True,
 ) -> LoadResult:
-    """`clients` concurrent producers, `limit` requests or `duration` seconds in all."""
+    """`clients` concurrent producers, `limit` requests or `duration` seconds in all.
+
+    Without `keep_alive` each request has a TCP connection of its own, as a producer that sends
+    with curl or an HTTP client without a session does.
+    """
     result = LoadResult()
     deadline = time.monotonic() + duration
 
@@ -360,6 +370,8 @@ async def drive(
                     await client.close()
                     continue
                 result.latencies.append(time.perf_counter() - started)
+                if not keep_alive:
+                    await client.close()
                 if status == 201:
                     result.accepted += 1
                 else:

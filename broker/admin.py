@@ -52,7 +52,7 @@ class TokenProtectedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             self._announce_token(request, obj, obj.set_token())
         super().save_model(request, obj, form, change)
 
-    @admin.action(description="Rotate token (the new token is shown once)")
+    @admin.action(description="Rotate token (the new token is shown once)", permissions=["change"])
     def rotate_token(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
         for obj in queryset:
             token = obj.set_token()
@@ -85,7 +85,10 @@ class MessageAdmin(ReadOnlyAdmin):
     readonly_fields = ["payload_preview"]
     actions = ["cancel_scheduled"]
 
-    @admin.action(description="Cancel the selected scheduled messages (not yet released)")
+    @admin.action(
+        description="Cancel the selected scheduled messages (not yet released)",
+        permissions=["delete"],
+    )
     def cancel_scheduled(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
         cancelled, refused = 0, []
         for message in queryset.only("channel_id", "public_id"):
@@ -184,11 +187,11 @@ class PeriodicMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             reschedule(obj)
         super().save_model(request, obj, form, change)
 
-    @admin.action(description="Enable (next run: the first tick from now)")
+    @admin.action(description="Enable (next run: the first tick from now)", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[PeriodicMessage]) -> None:
         self._set_enabled(request, queryset, True)
 
-    @admin.action(description="Disable")
+    @admin.action(description="Disable", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[PeriodicMessage]) -> None:
         self._set_enabled(request, queryset, False)
 

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import os
+
 from django.apps import AppConfig
+from django.db import connections
+from django.db.models.signals import post_migrate
 
 
 class BrokerConfig(AppConfig):
@@ -9,4 +13,25 @@ class BrokerConfig(AppConfig):
 
     def ready(self) -> None:
         from broker import checks  # noqa: F401  (registers the system checks)
+        from broker.admin_group import sync_broker_admin_group
         from broker.api import schema  # noqa: F401  (registers OpenAPI extensions)
+
+        post_migrate.connect(sync_broker_admin_group)
+
+        os.register_at_fork(before=close_connection_pools)
+
+
+def close_connection_pools() -> None:
+    """Close this process's PostgreSQL connection pools (registered to run right before the
+    process forks).
+
+    django-q2's cluster forks its workers from a process that has used the database (gunicorn
+    with --preload would too). A pool's threads do not survive fork(), and the child would take
+    the idle connections it inherited, whose sessions the parent keeps using: two processes'
+    queries on one session. Closed here, parent and child each open a pool of their own on
+    their next query; connections in use elsewhere in the parent close when they come back.
+    """
+    for wrapper in connections.all():
+        if wrapper.vendor == "postgresql" and wrapper.settings_dict["OPTIONS"].get("pool"):
+            # close_pool() is PostgreSQL's (Django 5.1); django-stubs does not know it yet.
+            wrapper.close_pool()  # type: ignore[attr-defined]

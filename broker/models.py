@@ -222,6 +222,14 @@ class ApiKey(models.Model):
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Meta:
+        # Rights over the broker's credentials that belong to no one model (Django ties every
+        # permission to a model); who needs which is in docs/ui.md and docs/api.md.
+        permissions = [
+            ("administer_broker", "Can use the REST admin API with a login session"),
+            ("manage_signing_secrets", "Can reveal and rotate the signing secrets of consumers"),
+        ]
+
     def __str__(self) -> str:
         return self.name
 

@@ -32,6 +32,28 @@ MAX_HEADER_VALUE_LENGTH = 8192
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,255}\Z")  # an RFC 9110 token
 _UNSAFE_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
 
+# Metadata headers that are never kept, so never stored, delivered or handed to pull consumers:
+# hop-by-hop and framing headers (the HTTP client makes its own, and a replayed one would corrupt
+# the request), credentials (a receiver, or any pull consumer, would get the producer's), and the
+# broker's own and the signature's names (a producer must not set or shadow them: a kept
+# X-Broker-Producer-Token would let pull consumers publish as the producer). docs/api.md.
+REFUSED_METADATA_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "expect",
+        "host",
+        "content-length",
+        "authorization",
+        "cookie",
+    }
+)
+REFUSED_METADATA_PREFIXES = ("proxy-", "x-broker-", "webhook-")
+
 T = TypeVar("T", Channel, Producer)
 
 
@@ -171,9 +193,10 @@ WITH channel AS (
     RETURNING id, status, dispatched_at
 ), jobs AS (
     INSERT INTO {Job._meta.db_table} (message_id, consumer_id, status, priority, ordering_key,
-        attempts, next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
+        attempts, next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at,
+        enqueued_at)
     SELECT message.id, consumers.id, %(queued)s, %(priority)s, %(ordering_key)s, 0, %(now)s, 0, '',
-        %(now)s, %(now)s
+        %(now)s, %(now)s, %(now)s
     FROM message, consumers
 )
 SELECT message.id, message.status, message.dispatched_at,
@@ -244,6 +267,7 @@ def create_jobs(message: Message, consumer_ids: list[int], now: datetime) -> Non
             next_attempt_at=now,
             created_at=now,
             status_changed_at=now,
+            enqueued_at=now,
         )
         for consumer_id in consumer_ids
     )
@@ -330,12 +354,29 @@ def _validate_ordering_key(key: str) -> None:
         raise InvalidMessage("The ordering key must be text of at most 255 characters.")
 
 
+def is_refused_metadata_header(name: str) -> bool:
+    """Whether a header may never be kept as metadata (REFUSED_METADATA_HEADERS), in any case."""
+    name = name.lower()
+    return name in REFUSED_METADATA_HEADERS or name.startswith(REFUSED_METADATA_PREFIXES)
+
+
+def check_keepable(name: str) -> None:
+    """InvalidMessage naming `name` if it is a header never kept as metadata."""
+    if is_refused_metadata_header(name):
+        raise InvalidMessage(
+            f"Metadata header {name[:100]!r} is never kept: hop-by-hop and framing headers, "
+            "credentials (Authorization, Cookie, Proxy-*) and X-Broker-* and webhook-* headers "
+            "are refused."
+        )
+
+
 def _validate_headers(headers: dict[str, str]) -> None:
     if len(headers) > MAX_HEADERS:
         raise InvalidMessage(f"At most {MAX_HEADERS} metadata headers are kept.")
     for name, value in headers.items():
         if not isinstance(name, str) or not _HEADER_NAME.match(name):
             raise InvalidMessage(f"Invalid metadata header name {str(name)[:100]!r}.")
+        check_keepable(name)
         if not isinstance(value, str) or _UNSAFE_HEADER_VALUE.search(value):
             raise InvalidMessage(f"Metadata header {name!r} must be text without line breaks.")
         if len(value) > MAX_HEADER_VALUE_LENGTH:

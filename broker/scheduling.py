@@ -113,9 +113,10 @@ WITH due AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), jobs AS (
     INSERT INTO {Job._meta.db_table} (message_id, consumer_id, status, priority, ordering_key,
-        attempts, next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
+        attempts, next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at,
+        enqueued_at)
     SELECT due.id, consumer.id, %(queued)s, due.priority, due.ordering_key, 0, %(now)s, 0, '',
-        %(now)s, %(now)s
+        %(now)s, %(now)s, %(now)s
     FROM due JOIN {Consumer._meta.db_table} consumer ON consumer.channel_id = due.channel_id
     ORDER BY due.scheduled_for, due.id, consumer.id
     RETURNING message_id

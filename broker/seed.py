@@ -151,8 +151,11 @@ def _parse_consumer(
     _check_id(CONSUMERS, key)
     try:
         validate_callback_url(url)
-    except ValidationError:
-        raise SeedError(CONSUMERS, key, f"{url!r} is not an absolute http(s) URL") from None
+    except ValidationError as error:
+        reason = error.messages[0].rstrip(".")
+        raise SeedError(
+            CONSUMERS, key, f"{url!r} is not a usable callback URL: it {reason}"
+        ) from None
     try:
         check_callback_url(url)
     except UnsafeCallback as exc:

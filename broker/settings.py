@@ -6,6 +6,8 @@ from pathlib import Path
 
 from broker.conf import DEFAULTS
 from broker.env import (
+    database_conn_max_age,
+    database_pool,
     env_bool,
     env_float,
     env_int,
@@ -53,6 +55,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "ui.csp.ContentSecurityPolicyMiddleware",  # the operator UI's pages and the admin login
     "broker.api.errors.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -85,16 +88,24 @@ TEMPLATES = [
 DATABASES = {
     "default": {
         **parse_database_url(env_str("DATABASE_URL", "sqlite:///broker.sqlite3")),
-        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
         "CONN_HEALTH_CHECKS": True,
     }
 }
+# PostgreSQL: a connection pool per process, so that a process holds a bounded number of
+# connections whatever its threads do. Without it every thread keeps a connection of its own,
+# and `manage.py runserver`, a thread per HTTP connection, ran the server out of connections
+# ("too many clients", issue 14). See docs/configuration.md.
+_pool = database_pool(DATABASES["default"]["ENGINE"])
+if _pool:
+    DATABASES["default"]["OPTIONS"]["pool"] = _pool
+DATABASES["default"]["CONN_MAX_AGE"] = database_conn_max_age(pooled=_pool is not None)
 if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool(
     "DATABASE_PREPARED_STATEMENTS", True
 ):
     # Server-side binding with prepared statements: PostgreSQL plans a statement a connection
-    # repeats (publishing above all) once instead of on every request. Turn off behind a pooler
-    # in transaction mode that cannot carry prepared statements.
+    # repeats (publishing above all) once instead of on every request. The pool above hands out
+    # whole sessions, so they survive there; turn off behind an external pooler in transaction
+    # mode (PgBouncer) that cannot carry prepared statements.
     DATABASES["default"]["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -118,7 +129,12 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     "broker_payloads": {
         "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": env_str("BROKER_PAYLOAD_DIR", str(BASE_DIR / "payloads"))},
+        "OPTIONS": {
+            "location": env_str("BROKER_PAYLOAD_DIR", str(BASE_DIR / "payloads")),
+            # Payloads are the producers' data: readable by the broker's own user alone.
+            "file_permissions_mode": 0o600,
+            "directory_permissions_mode": 0o700,
+        },
     },
 }
 
@@ -193,6 +209,9 @@ BROKER_CIRCUIT_FAILURE_THRESHOLD = env_int(
 )
 BROKER_CIRCUIT_COOLDOWN_SECONDS = env_int(
     "BROKER_CIRCUIT_COOLDOWN_SECONDS", DEFAULTS["BROKER_CIRCUIT_COOLDOWN_SECONDS"], minimum=1
+)
+BROKER_MAX_JOB_AGE_SECONDS = env_int(
+    "BROKER_MAX_JOB_AGE_SECONDS", DEFAULTS["BROKER_MAX_JOB_AGE_SECONDS"], minimum=0
 )
 BROKER_MIN_SCHEDULE_DELAY_SECONDS = env_int(
     "BROKER_MIN_SCHEDULE_DELAY_SECONDS", DEFAULTS["BROKER_MIN_SCHEDULE_DELAY_SECONDS"], minimum=0

@@ -52,15 +52,15 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def circuit(self, consumer: Consumer) -> str:
         return consumer.circuit_state(timezone.now())
 
-    @admin.action(description="Pause delivery to the selected consumers")
+    @admin.action(description="Pause delivery to the selected consumers", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
         self._set_paused(request, queryset, paused=True)
 
-    @admin.action(description="Resume delivery to the selected consumers")
+    @admin.action(description="Resume delivery to the selected consumers", permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
         self._set_paused(request, queryset, paused=False)
 
-    @admin.action(description="Close the circuit of the selected consumers")
+    @admin.action(description="Close the circuit of the selected consumers", permissions=["change"])
     def close_circuit(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
         for consumer in queryset:
             consumer.close_circuit()

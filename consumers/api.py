@@ -49,6 +49,8 @@ class ConsumerSerializer(StakeholderSerializer):
         source="non_retryable_statuses", child=serializers.IntegerField()
     )
     MaxInFlight = serializers.IntegerField(source="max_in_flight", allow_null=True)
+    # Seconds a push job may wait undelivered before it expires; null: BROKER_MAX_JOB_AGE_SECONDS.
+    MaxJobAge = serializers.IntegerField(source="max_job_age", allow_null=True)
     # The circuit breaker (SPEC §6.4), as the dispatcher left it; changed only by …/circuit/close.
     CircuitState = serializers.SerializerMethodField()
     CircuitOpenUntil = serializers.DateTimeField(
@@ -71,6 +73,7 @@ class ConsumerForm(StakeholderForm):
     retryDelays = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     nonRetryableStatuses = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     maxInFlight = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    maxJobAge = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     # Imports an existing secret (e.g. one the receiver already has); never echoed back.
     signingSecret = serializers.CharField(  # noqa: N815
         required=False,
@@ -89,6 +92,9 @@ class ConsumerForm(StakeholderForm):
 
     def validate_maxInFlight(self, value: str) -> int | None:  # noqa: N802
         return services.validated(services.parse_max_in_flight, value)
+
+    def validate_maxJobAge(self, value: str) -> int | None:  # noqa: N802
+        return services.validated(services.parse_max_job_age, value)  # blank: the global limit
 
     def validate_signingSecret(self, value: str) -> str:  # noqa: N802
         return services.validated(services.checked_signing_secret, value)

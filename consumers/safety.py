@@ -100,13 +100,22 @@ LOCAL_NAME_SUFFIXES = (".localhost", ".local", ".internal", ".localdomain", ".ho
 _NUMERIC_HOST = re.compile(r"[0-9a-fx.]+", re.IGNORECASE)
 
 
+# Said with every refusal of an address, so that whoever meets one knows the way out.
+ALLOW_PRIVATE_HINT = (
+    "set BROKER_ALLOW_PRIVATE_CALLBACKS=true to allow private and loopback addresses "
+    "(trusted networks only)"
+)
+
+
 class UnsafeCallback(ValueError):
     """A callback URL whose host is, or resolves to, an address the broker must not call."""
 
     def __init__(self, host: str | None, reason: str) -> None:
         self.host = host
         self.reason = reason
-        self.message = f"refusing callback host {host!r}: {reason}" if host else reason
+        self.message = (
+            f"refusing callback host {host!r}: {reason}; {ALLOW_PRIVATE_HINT}" if host else reason
+        )
         super().__init__(self.message)
 
     def __str__(self) -> str:

@@ -28,6 +28,7 @@ T = TypeVar("T")
 
 MAX_RETRIES = 50
 MAX_RETRY_DELAY_SECONDS = 7 * 86400
+MAX_JOB_AGE_SECONDS = 365 * 86400
 
 # The settings form's fields (the API's wire names) and the model attributes they set.
 FORM_TO_MODEL = {
@@ -36,6 +37,7 @@ FORM_TO_MODEL = {
     "retryDelays": "retry_delays",
     "nonRetryableStatuses": "non_retryable_statuses",
     "maxInFlight": "max_in_flight",
+    "maxJobAge": "max_job_age",
 }
 
 
@@ -66,8 +68,8 @@ def checked_callback_url(value: str) -> str:
     """An absolute http(s) URL whose host the address guard allows (consumers/safety.py)."""
     try:
         validate_callback_url(value)
-    except ValidationError:
-        raise InvalidSetting("must be an absolute http(s) URL.") from None
+    except ValidationError as error:
+        raise InvalidSetting(error.messages[0]) from None
     try:
         check_callback_url(value)
     except UnsafeCallback as exc:
@@ -94,6 +96,17 @@ def parse_max_in_flight(value: str) -> int | None:
     numbers = _int_list(value, low=1, high=100000, what="maxInFlight")
     if len(numbers) != 1:
         raise InvalidSetting("maxInFlight: one integer.")
+    return numbers[0]
+
+
+def parse_max_job_age(value: str) -> int | None:
+    """Seconds a push job may wait undelivered before it expires (jobs/expiry.py); None (blank)
+    means BROKER_MAX_JOB_AGE_SECONDS, 0 no limit."""
+    if not value.strip():
+        return None
+    numbers = _int_list(value, low=0, high=MAX_JOB_AGE_SECONDS, what="maxJobAge")
+    if len(numbers) != 1:
+        raise InvalidSetting("maxJobAge: one integer (seconds).")
     return numbers[0]
 
 

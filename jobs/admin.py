@@ -36,11 +36,16 @@ class JobAdmin(ReadOnlyAdmin):
     inlines = [DeliveryAttemptInline]
     actions = ["requeue_dead"]
 
-    @admin.action(description="Requeue selected dead jobs")
+    # Jobs are read-only in the admin (no change permission there), so the action checks the
+    # permission that the UI's requeue needs itself.
+    @admin.action(description="Requeue selected dead jobs", permissions=["requeue"])
     def requeue_dead(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         # Through the state machine: only jobs still DEAD move, whatever else is selected.
         moved = queryset.requeue_dead()
         messages.success(request, f"Requeued {moved} dead job(s).")
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobs.change_job")
 
 
 @admin.register(DeliveryAttempt)

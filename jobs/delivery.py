@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import calendar
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
+from email.utils import parsedate_tz
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,7 @@ from django.core.files import File
 
 from broker import payloads
 from broker.payloads import PAYLOAD_MISSING, PayloadMissing
-from consumers.safety import check_delivery_url, is_refusal
+from consumers.safety import SafeResolver, check_delivery_url, is_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,9 @@ RESPONSE_EXCERPT_BYTES = 4096
 MAX_RETRY_AFTER_SECONDS = 86400
 CHUNK_BYTES = 256 * 1024  # read and sent at a time from an offloaded payload
 STORAGE_ERROR = "storage-error"  # error class: the payload storage failed to give the payload
+# Error class of a delivery that failed in a way no other class describes: an exception of the HTTP
+# client or of our own code. It is that job's failed attempt, never the dispatcher's end.
+REQUEST_ERROR = "request-error"
 
 
 @dataclass(frozen=True)
@@ -73,14 +77,45 @@ async def deliver(
     timeout: float,
     on_sent: Callable[[], None] | None = None,
 ) -> AttemptResult:
-    """Send one webhook and describe what happened; never raises for a delivery failure.
+    """Send one webhook and describe what happened; never raises (but when cancelled).
 
-    `on_sent` is called as the request goes on the wire (see `ReportingBody`).
+    Whatever goes wrong inside one delivery, an exception of the HTTP client on a hostile answer
+    or a bug of ours included, becomes that attempt's failure: the dispatcher's loop and the
+    other deliveries of its batch never see it. `on_sent` is called as the request goes on the
+    wire (see `ReportingBody`).
     """
-    if request.stored is not None:
-        return await _deliver_stored(session, request, request.stored, timeout, on_sent)
-    data = ReportingBody(request.body, on_sent) if on_sent else request.body
-    return await _post(session, request, data, request.headers, timeout)
+    try:
+        if request.stored is not None:
+            return await _deliver_stored(session, request, request.stored, timeout, on_sent)
+        data = ReportingBody(request.body, on_sent) if on_sent else request.body
+        return await _post(session, request, data, request.headers, timeout)
+    except Exception as exc:
+        # The type and traceback only: the message may quote a header or the URL.
+        logger.error(
+            "delivery of job %s failed with %s", request.job_id, type(exc).__name__, exc_info=True
+        )
+        return _unanswered(request, REQUEST_ERROR, f"the request failed: {_one_line(exc)}")
+
+
+def delivery_session(concurrency: int) -> aiohttp.ClientSession:
+    """The HTTP client session deliveries go through, shared by every consumer of a dispatcher.
+
+    It keeps nothing from one request for the next that another consumer could receive: no
+    cookies (a webhook sender is no browser, and a cookie one receiver sets must never reach
+    another), no credentials (those of a callback URL go with that request alone), no redirects.
+    Answers are not decompressed: only an excerpt is kept, and a compressed body is no way to
+    make the dispatcher inflate a bomb. Names resolve through the address guard (SafeResolver);
+    the environment's proxy settings are ignored (trust_env is off), as a proxy would resolve
+    names out of the guard's sight. docs/dispatcher.md says what is shared, and why it is safe.
+    """
+    connector = aiohttp.TCPConnector(limit=concurrency, resolver=SafeResolver())
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        headers={"Accept-Encoding": "identity"},  # what it reads, it reads as sent
+        trust_env=False,
+    )
 
 
 async def _post(
@@ -153,10 +188,10 @@ async def _deliver_stored(
     try:
         file, file_headers = await asyncio.to_thread(_open_and_sign, stored)
     except PayloadMissing as exc:
-        return _not_sent(request, PAYLOAD_MISSING, str(exc))
+        return _unanswered(request, PAYLOAD_MISSING, str(exc))
     except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
         logger.warning("cannot read offloaded payload %s: %s", stored.name, _one_line(exc))
-        return _not_sent(request, STORAGE_ERROR, f"payload storage: {_one_line(exc)}")
+        return _unanswered(request, STORAGE_ERROR, f"payload storage: {_one_line(exc)}")
     headers = {**request.headers, **file_headers}
     try:
         return await _post(session, request, _chunks_of(file, on_sent), headers, timeout)
@@ -189,8 +224,8 @@ async def _chunks_of(file: File[bytes], on_sent: Callable[[], None] | None) -> A
         yield chunk
 
 
-def _not_sent(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
-    """An attempt that ended before any request was made."""
+def _unanswered(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
+    """An attempt that ended without an answer, before or while the request was made."""
     return AttemptResult(
         request.job_id,
         request.attempt,
@@ -228,23 +263,48 @@ async def _excerpt(response: aiohttp.ClientResponse) -> str:
         chunk = await response.content.read(RESPONSE_EXCERPT_BYTES)
     except (TimeoutError, aiohttp.ClientError):
         return ""
-    return chunk.decode("utf-8", errors="replace")
+    return storable_text(chunk.decode("utf-8", errors="replace"))
 
 
 def _retry_after(response: aiohttp.ClientResponse) -> float | None:
     if response.status not in (429, 503):
         return None
-    raw = response.headers.get("Retry-After", "").strip()
-    if raw.isascii() and raw.isdigit():
-        return float(min(int(raw), MAX_RETRY_AFTER_SECONDS))
+    return retry_after_seconds(response.headers.get("Retry-After", ""), time.time())
+
+
+def retry_after_seconds(value: str, now: float) -> float | None:
+    """How long a Retry-After value asks to wait, in seconds from `now` (a Unix time): a number
+    of seconds, or an HTTP-date in any of its three forms, one without a zone (or with -0000)
+    read as UTC. Between 0 and a day; None for anything else, which is ignored. The retry policy
+    bounds it further by the consumer's longest retry delay (jobs/retry.py)."""
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        # Clamped before int(), which refuses strings of over 4,300 digits.
+        seconds = int(value) if len(value) <= 9 else MAX_RETRY_AFTER_SECONDS
+        return float(min(seconds, MAX_RETRY_AFTER_SECONDS))
     try:
-        when = parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
+        date = parsedate_tz(value)
+        if date is None:
+            return None
+        when = calendar.timegm(date[:6]) - (date[9] or 0)  # plain arithmetic: no year limits
+    except (ValueError, TypeError, IndexError, OverflowError):
         return None
-    seconds = (when - datetime.now(UTC)).total_seconds()
-    return max(0.0, min(seconds, MAX_RETRY_AFTER_SECONDS))
+    return max(0.0, min(when - now, MAX_RETRY_AFTER_SECONDS))
+
+
+def storable_text(text: str) -> str:
+    """`text` without NUL characters, which PostgreSQL text columns refuse: a receiver's answer
+    or an error message must never be what keeps an attempt from being recorded."""
+    return text.replace("\x00", "\ufffd")
 
 
 def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-    return text[:500]
+    """The exception for `last_error` and the attempt's record, without the callback URL that
+    aiohttp puts in some messages: its userinfo or query may carry a secret."""
+    if isinstance(exc, aiohttp.ClientResponseError):
+        text = f"{type(exc).__name__}: {exc.status}, {exc.message}"
+    elif isinstance(exc, aiohttp.InvalidURL):
+        text = f"{type(exc).__name__}: the callback URL is not valid"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return storable_text(text.replace("\n", " ")[:500])

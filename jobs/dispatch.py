@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import aiohttp
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import InterfaceError, OperationalError, ProgrammingError, connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -39,9 +39,17 @@ from broker.models import Message
 from broker.periodic import run_due_ticks
 from broker.scheduling import RELEASE_BATCH, release_due_messages
 from consumers.models import Consumer
-from consumers.safety import SafeResolver
 from jobs import circuit
-from jobs.delivery import AttemptResult, DeliveryRequest, StoredBody, deliver
+from jobs.delivery import (
+    REQUEST_ERROR,
+    AttemptResult,
+    DeliveryRequest,
+    StoredBody,
+    deliver,
+    delivery_session,
+    storable_text,
+)
+from jobs.expiry import expire_old_jobs
 from jobs.leases import sweep_expired_leases
 from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
@@ -51,6 +59,8 @@ from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, check_transition
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+# What a lost or refused database connection raises: the step is skipped and tried again later.
+CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 USER_AGENT = f"webhook-broker-django/{broker.__version__}"
 DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER = 100
@@ -101,7 +111,15 @@ class Dispatcher:
             claimed = _claim_portably(limit, now)
         claimed.sort(key=lambda job: (-job.priority, job.due_at))
         consumers = self._consumers_as_of(claimed)
-        return [delivery_request(job, consumers[job.consumer_id], now) for job in claimed]
+        requests, unsendable = [], []
+        for job in claimed:
+            try:
+                requests.append(delivery_request(job, consumers[job.consumer_id], now))
+            except Exception as exc:  # this job's request alone cannot be made
+                logger.error("cannot build the request of job %s", job.job_id, exc_info=True)
+                unsendable.append(_unsendable(job, exc))
+        self.complete(unsendable)  # failed attempts like any other, recorded at once
+        return requests
 
     def _consumers_as_of(self, claimed: list[ClaimedJob]) -> dict[int, Consumer]:
         """The claimed jobs' consumers, loaded (and their secrets decrypted) only when changed.
@@ -116,21 +134,42 @@ class Dispatcher:
             or self._consumers[job.consumer_id].changed_at != job.consumer_changed_at
         }
         if stale:
-            self._consumers.update(Consumer.objects.in_bulk(stale))
+            self._consumers.update(_load_consumers(stale))
         return self._consumers
 
     def complete(self, results: Iterable[AttemptResult]) -> None:
-        """Record attempts and move their jobs on, in one transaction for the whole batch."""
+        """Record attempts and move their jobs on, in one transaction for the whole batch.
+
+        Should that fail for anything but a lost connection (a bug, a value the database
+        refuses), each result is recorded on its own: one that cannot be recorded keeps only its
+        own job INFLIGHT, until the lease sweep returns it to the queue (or the DLQ).
+        """
         results = list(results)
+        try:
+            self._complete_batch(results)
+        except CONNECTION_ERRORS:
+            raise
+        except Exception:
+            logger.exception("recording %d delivery outcomes failed", len(results))
+            if len(results) > 1:
+                for result in results:
+                    self.complete([result])
+
+    def _complete_batch(self, results: list[AttemptResult]) -> None:
         if not results:
             return
         now = timezone.now()
         outcomes = {r.job_id: decide(r, self._policy(r.consumer_id), now) for r in results}
         delivered = [r for r in results if outcomes[r.job_id].verdict is Verdict.DELIVERED]
         failed = [r for r in results if outcomes[r.job_id].verdict is not Verdict.DELIVERED]
+        # Consumers that answered, and not with "unavailable": they are up (SPEC §6.4).
+        answered = {
+            r.consumer_id
+            for r in results
+            if r.status_code is not None and not outcomes[r.job_id].unavailable
+        }
         with transaction.atomic():
             _record_deliveries(delivered, self.config.dispatcher_id, now)
-            answered = {r.consumer_id for r in delivered}
             self._record_failures(failed, outcomes, now, answered)
         for result in results:
             DELIVERY_SECONDS.observe(result.duration_ms / 1000)
@@ -152,12 +191,13 @@ class Dispatcher:
         now: datetime,
         answered: set[int],
     ) -> None:
-        """Failed attempts: a row each, the circuits of consumers that gave no usable answer,
-        then each job QUEUED at its own due time, or DEAD.
+        """Failed attempts: a row each, the circuits of consumers that were unavailable, then
+        each job QUEUED at its own due time, or DEAD.
 
         The jobs are locked first, so that one deleted meanwhile (with its consumer) is skipped
-        rather than given an attempt row that points nowhere. Consumers in `answered` gave a 2xx
-        in the same batch: they are up, so their failures do not count towards their circuits.
+        rather than given an attempt row that points nowhere. Consumers in `answered` gave an
+        answer in the same batch that shows them up (a 2xx, or a 4xx of their own choosing):
+        their circuits close, and their failures do not count towards them.
         """
         if not failed:
             return
@@ -176,13 +216,14 @@ class Dispatcher:
             if outcomes[r.job_id].unavailable and r.consumer_id not in answered
         )
         reopened = circuit.record_unavailable(unavailable, now)
+        circuit.close_circuits({r.consumer_id for r in failed} & answered)
         for result in failed:
             outcome = outcomes[result.job_id]
             if outcome.unavailable and result.consumer_id in reopened:
-                # A failed probe uses no attempt; it waits for the circuit to half-open again.
-                outcome = Outcome(
-                    Verdict.RETRY, outcome.reason, reopened[result.consumer_id], refund=True
-                )
+                # A failed probe uses no attempt; it waits for the circuit to half-open again
+                # (its error says so, never that attempts were used up: the job is QUEUED).
+                reason = f"{result.error}; circuit open again, attempt not counted"
+                outcome = Outcome(Verdict.RETRY, reason, reopened[result.consumer_id], refund=True)
             _apply(result, outcome)
 
     def release(self, job_ids: Iterable[int]) -> int:
@@ -196,7 +237,8 @@ class Dispatcher:
         )
 
     def sweep(self) -> int:
-        return sweep_expired_leases()
+        """Expired leases back to the queue, and jobs past their age limit to the DLQ."""
+        return sweep_expired_leases() + expire_old_jobs()
 
     def release_due(self) -> int:
         """Release due scheduled messages and publish due periodic ticks (SPEC §5: every
@@ -237,9 +279,15 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.config.concurrency, resolver=SafeResolver())
+        """Claim, deliver and record until stopped. Raises BrokenDatabase, the one reason it
+        ends on its own: no delivery or step failure ends it."""
+        # DNS lookups and payload reads run in the loop's default executor: a thread for every
+        # delivery that may be in flight, so that one consumer's names that are slow to resolve
+        # cannot hold up everybody else's lookups (Python's default has 6 threads on 2 cores).
+        io_threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="dispatch-io")
+        asyncio.get_running_loop().set_default_executor(io_threads)
         try:
-            async with aiohttp.ClientSession(connector=connector) as session:
+            async with delivery_session(self.config.concurrency) as session:
                 await self._loop(session)
         finally:
             for executor in {self._claimer, self._recorder}:
@@ -254,19 +302,19 @@ class Dispatcher:
         while not self.stopping or in_flight or self._finished or _running(recording):
             try:
                 if loop.time() >= next_housekeeping and not self.stopping:
-                    await self._db(self.beat, len(in_flight))
-                    await self._db(self.sweep)
+                    await self._step(self.beat, len(in_flight))
+                    await self._step(self.sweep)
                     next_housekeeping = loop.time() + HOUSEKEEPING_SECONDS
                 if loop.time() >= next_release and not self.stopping:
-                    await self._db(self.release_due)
+                    await self._step(self.release_due)
                     next_release = loop.time() + RELEASE_SECONDS
                 # Answered but unrecorded jobs are still INFLIGHT in the database: counting them
                 # keeps what one dispatcher holds, and could deliver twice if it died, within
                 # --concurrency.
                 room = self.config.concurrency - len(in_flight) - self._unrecorded
                 if not self.stopping and room > 0:
-                    claimed = await self._db(self.claim, min(room, self.config.batch_size))
-                    for request in claimed:
+                    claimed = await self._step(self.claim, min(room, self.config.batch_size))
+                    for request in claimed or []:
                         task = asyncio.create_task(self._send(session, request))
                         task.add_done_callback(lambda _: self._wake.set())
                         in_flight[task] = request
@@ -286,7 +334,7 @@ class Dispatcher:
             else:
                 await self._idle(busy=bool(done), until=next_release)
         with contextlib.suppress(DatabaseDown):
-            await self._db(self.retire)
+            await self._step(self.retire)
 
     async def _record(self, results: list[AttemptResult]) -> None:
         """Record outcomes in the recording thread while the loop goes on claiming and sending.
@@ -348,8 +396,22 @@ class Dispatcher:
             else:
                 unsent.append(request.job_id)
         if unsent:
-            await self._db(self.release, unsent)
+            with contextlib.suppress(DatabaseDown):  # their leases will return them
+                await self._step(self.release, unsent)
         in_flight.clear()
+
+    async def _step(self, step: Callable[..., T], *args: Any) -> T | None:
+        """Run a step of the loop in the claiming thread; None when it failed for anything but
+        the database being down or broken: that is logged with its traceback, and the loop
+        goes on serving every other job (the step runs again on its next turn)."""
+        try:
+            return await self._db(step, *args)
+        except (DatabaseDown, BrokenDatabase):
+            raise
+        except Exception:
+            logger.exception("dispatcher step %s failed; carrying on", step.__name__)
+            await asyncio.get_running_loop().run_in_executor(self._claimer, _drop_connection)
+            return None
 
     async def _db(
         self, step: Callable[..., T], *args: Any, thread: ThreadPoolExecutor | None = None
@@ -358,20 +420,30 @@ class Dispatcher:
 
         On a lost connection the connection is dropped, so that the next step reconnects, and
         DatabaseDown is raised: the loop skips that pass. Claimed jobs stay INFLIGHT until their
-        lease expires; finished results stay in memory and are recorded on a later pass.
+        lease expires; finished results stay in memory and are recorded on a later pass. A
+        schema that is not this version's (migrations not run) raises BrokenDatabase.
         """
         thread = thread or self._claimer
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(thread, functools.partial(step, *args))
-        except (OperationalError, InterfaceError) as exc:
+        except CONNECTION_ERRORS as exc:
             logger.warning("database unavailable during %s: %s", step.__name__, type(exc).__name__)
             await loop.run_in_executor(thread, _drop_connection)
             raise DatabaseDown from exc
+        except ProgrammingError as exc:
+            raise BrokenDatabase(
+                f"the database refused the dispatcher's {step.__name__} step ({exc}); "
+                "is its schema this version's? Run `manage.py migrate`."
+            ) from exc
 
 
 class DatabaseDown(Exception):
     pass
+
+
+class BrokenDatabase(Exception):
+    """The database answers, but not as this version needs (tables or columns missing)."""
 
 
 def _running(task: asyncio.Task[None] | None) -> bool:
@@ -388,6 +460,34 @@ def _cut_off(request: DeliveryRequest) -> AttemptResult:
         error_class="shutdown",
         error=SHUTDOWN_MESSAGE,
     )
+
+
+def _unsendable(job: ClaimedJob, exc: Exception) -> AttemptResult:
+    """The failed attempt of a claimed job whose request could not be made."""
+    return AttemptResult(
+        job.job_id,
+        job.attempt,
+        job.consumer_id,
+        timezone.now(),
+        0.0,
+        error_class=REQUEST_ERROR,
+        error=storable_text(f"the request could not be made: {type(exc).__name__}: {exc}"[:500]),
+    )
+
+
+def _load_consumers(ids: set[int]) -> dict[int, Consumer]:
+    """The consumers with these IDs, their secrets decrypted, each on its own: one whose row
+    cannot be read (a secret that no configured key decrypts) is left out, and only its own jobs
+    fail. Consumers are loaded when first seen and after a change only, so this is rare."""
+    loaded = {}
+    for pk in ids:
+        try:
+            loaded.update(Consumer.objects.in_bulk([pk]))
+        except CONNECTION_ERRORS:
+            raise
+        except Exception:
+            logger.exception("consumer %s cannot be loaded", pk)
+    return loaded
 
 
 def _drop_connection() -> None:
@@ -684,18 +784,14 @@ def _stored_body(job: ClaimedJob, consumer: Consumer) -> StoredBody:
     return StoredBody(job.payload_file, sign)
 
 
-# Framing headers aiohttp computes; a replayed one would corrupt the request.
-FRAMING_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
-
-
 def _metadata(kept: dict[str, str], reserved: set[str]) -> dict[str, str]:
-    """The producer's kept headers, minus any that would shadow the broker's own (any case)."""
-    return {
-        name: value
-        for name, value in kept.items()
-        if name.lower() not in reserved | FRAMING_HEADERS
-        and not name.lower().startswith(("x-broker-", "webhook-"))
-    }
+    """The producer's kept headers, minus any that would shadow the broker's own (any case).
+
+    Headers that are never safe to send (framing, credentials, X-Broker-*, webhook-*) are refused
+    at publish and never stored (broker/publishing.py); these are the plain ones the broker sets
+    too, such as Content-Type and User-Agent.
+    """
+    return {name: value for name, value in kept.items() if name.lower() not in reserved}
 
 
 # The common case, 2xx answers: their attempt rows and their jobs' move to DELIVERED in one

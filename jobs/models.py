@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from broker.conf import broker_settings
@@ -67,7 +68,8 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 def _requeue_changes() -> dict[str, Any]:
-    return {"attempts": 0, "next_attempt_at": timezone.now(), "lease_expires_at": None}
+    now = timezone.now()
+    return {"attempts": 0, "next_attempt_at": now, "lease_expires_at": None, "enqueued_at": now}
 
 
 class Job(models.Model):
@@ -91,6 +93,10 @@ class Job(models.Model):
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     status_changed_at = models.DateTimeField(default=timezone.now)
+    # When the job last joined the queue as new work: created (its message published or
+    # released), requeued from the DLQ or replayed. Its age limit counts from here (jobs/expiry.py).
+    # The database default serves the fan-out statements and bulk loads written in SQL.
+    enqueued_at = models.DateTimeField(default=timezone.now, db_default=Now())
 
     objects = JobQuerySet.as_manager()
 
@@ -144,6 +150,10 @@ class Job(models.Model):
             # Sweep of expired leases: INFLIGHT jobs WHERE lease_expires_at < now.
             models.Index(
                 fields=["lease_expires_at"], condition=Q(status=INFLIGHT), name="job_lease_idx"
+            ),
+            # Expiry (jobs/expiry.py): QUEUED jobs WHERE enqueued_at < now - their age limit.
+            models.Index(
+                fields=["enqueued_at"], condition=Q(status=QUEUED), name="job_queued_age_idx"
             ),
         ]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -216,11 +216,22 @@ def plan_batch(
         {"ids": message_ids},
     ).fetchone()
     assert counts is not None  # noqa: S101 (an aggregate always returns a row)
+    # Planned "now" on the broker's clock, not the database server's: jobs' status_changed_at,
+    # which `changed_since_planned` compares with it, is written on the broker's clock.
     row = conn.execute(
         f"""INSERT INTO spark_etl_archive_batch
-            (state, cutoff, message_ids, payload_files, messages, jobs, attempts)
-        VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {_BATCH_COLUMNS}""",  # noqa: S608
-        [PLANNED, cutoff, message_ids, payload_files, len(message_ids), counts[0], counts[1]],
+            (state, planned_at, cutoff, message_ids, payload_files, messages, jobs, attempts)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_BATCH_COLUMNS}""",  # noqa: S608
+        [
+            PLANNED,
+            datetime.now(UTC),
+            cutoff,
+            message_ids,
+            payload_files,
+            len(message_ids),
+            counts[0],
+            counts[1],
+        ],
     ).fetchone()
     assert row is not None  # noqa: S101
     return Batch(*row)

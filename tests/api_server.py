@@ -1,7 +1,8 @@
-"""The API under its production server (gunicorn) as a process of its own, on the test database.
+"""The API under a real server as a process of its own, on the test database: gunicorn (the
+production server) or `manage.py runserver` (the developer's).
 
-For what the Django test client cannot show: the WSGI server's own limits (header sizes), and a
-long-lived process whose database goes away and comes back.
+For what the Django test client cannot show: the WSGI server's own limits (header sizes), a
+long-lived process whose database goes away and comes back, and the connections a server holds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from django.db import connection
+
+from tests.clock import skip_if_moved
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).parent / "gunicorn"
@@ -69,26 +73,47 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def database_url(**options: str) -> str:
+    """This test's database as a DATABASE_URL, with libpq options (`application_name=...`)."""
+    settings = connection.settings_dict
+    url = f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    return f"{url}?{urllib.parse.urlencode(options)}" if options else url
+
+
 @contextlib.contextmanager
 def running_api(**environment: str) -> Iterator[ApiServer]:
     """gunicorn serving broker.wsgi on 127.0.0.1, on this test's database; stopped afterwards.
 
     Its output, logs included, is `server.output()`.
     """
-    settings = connection.settings_dict
     port = _free_port()
+    command = [str(GUNICORN), "broker.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    with _serving(command, port, environment) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_runserver(**environment: str) -> Iterator[ApiServer]:
+    """`manage.py runserver` (a thread per HTTP connection, no autoreloader) on 127.0.0.1, on
+    this test's database; stopped afterwards."""
+    port = _free_port()
+    command = [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"]
+    with _serving(command, port, environment) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serving(command: list[str], port: int, environment: dict[str, str]) -> Iterator[ApiServer]:
+    skip_if_moved()
     # A file, not a pipe: a pipe nobody reads could fill up and stall the server.
     log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in the finally below)
     process = subprocess.Popen(
-        [str(GUNICORN), "broker.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
+        command,
         cwd=ROOT,
         env={
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "broker.settings",
-            "DATABASE_URL": (
-                f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/"
-                f"{settings['NAME']}"
-            ),
+            "DATABASE_URL": database_url(),
             "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
             **environment,
         },
@@ -113,9 +138,9 @@ def _wait_for(server: ApiServer) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise AssertionError(f"gunicorn exited: {server.output()}")
+            raise AssertionError(f"the server exited: {server.output()}")
         with contextlib.suppress(OSError):
             if server.request("GET", "/_status").status == 200:
                 return
         time.sleep(0.1)
-    raise AssertionError("gunicorn did not answer within 30 s")
+    raise AssertionError("the server did not answer within 30 s")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 
 from jobs.delivery import AttemptResult, DeliveryRequest, deliver
 from jobs.dispatch import Dispatcher, DispatcherConfig
+from tests.helpers import make_operator
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -43,8 +43,9 @@ browser_test = [
 
 
 def log_in(page, live_server, next_path: str) -> None:
-    """Create a staff user and log in through the admin's login page, landing on next_path."""
-    User.objects.create_user("ops", password="ops-password", is_staff=True)
+    """Create an operator (staff, in the group "broker admin") and log in through the admin's
+    login page, landing on next_path."""
+    make_operator("ops", "ops-password")
     page.goto(f"{live_server.url}/admin/login/?next={next_path}")
     page.fill("#id_username", "ops")
     page.fill("#id_password", "ops-password")

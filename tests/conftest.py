@@ -1,7 +1,31 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
+import time_machine
 from django.db import connection
+
+from tests import clock
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--clock-ahead-days",
+        type=int,
+        default=0,
+        help="run with this process's clock moved this many days ahead (time-machine, ticking): "
+        "no test may depend on today's date (.ci/run does it with 365)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    days = config.getoption("--clock-ahead-days")
+    if days:
+        ahead = time_machine.travel(datetime.now(UTC) + timedelta(days=days), tick=True)
+        ahead.start()
+        config.add_cleanup(ahead.stop)
+        clock.moved_ahead = True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -2,21 +2,26 @@
 
 tests/receiver.py answers through aiohttp, which always speaks proper HTTP; this one writes the
 bytes itself, so it can hang, cut a response in the middle, trickle it byte by byte or send an
-endless body. The behaviour is chosen by the request's path (`BEHAVIOURS`).
+endless body. The behaviour is chosen by the request's path (`BEHAVIOURS`), or is a `Script`
+given for that path (the property-based tests of hostile receivers generate them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
+import struct
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\ndown"
 HUGE_BODY_BYTES = 64 * 1024 * 1024
+TRICKLED_BYTES = 200
 
 Writer = asyncio.StreamWriter
 Behaviour = Callable[["FaultyReceiver", Writer], Awaitable[None]]
@@ -84,6 +89,37 @@ async def endless_body(receiver: FaultyReceiver, writer: Writer) -> None:
         await writer.drain()
 
 
+@dataclass(frozen=True)
+class Script:
+    """An answer written byte for byte, and how the connection ends."""
+
+    answer: bytes  # status line, headers and body exactly as sent (valid HTTP or not)
+    # "close": all of it, then close; "cut": the first half, then close; "reset": the first
+    # half, then a TCP reset; "trickle": the first bytes one at a time, then the rest; "hang":
+    # all of it, then silence.
+    ending: Literal["close", "cut", "reset", "trickle", "hang"] = "close"
+
+
+async def play(script: Script, writer: Writer) -> None:
+    answer = script.answer
+    if script.ending in ("cut", "reset"):
+        answer = answer[: len(answer) // 2]
+    if script.ending == "trickle":
+        for byte in answer[:TRICKLED_BYTES]:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        answer = answer[TRICKLED_BYTES:]
+    writer.write(answer)
+    await writer.drain()
+    if script.ending == "reset":
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+    elif script.ending == "hang":
+        await asyncio.sleep(3600)
+
+
 BEHAVIOURS: dict[str, Behaviour] = {
     "/ok": answer_ok,
     "/flap": flap,
@@ -102,6 +138,7 @@ class FaultyReceiver:
 
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
+        self.scripts: dict[str, Script] = {}  # answers by path, before BEHAVIOURS
         self.flap_turns = itertools.count()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -138,7 +175,10 @@ class FaultyReceiver:
         try:
             path = await read_request(reader)
             self.requests[path] += 1
-            await BEHAVIOURS.get(path, answer_ok)(self, writer)
+            if path in self.scripts:
+                await play(self.scripts[path], writer)
+            else:
+                await BEHAVIOURS.get(path, answer_ok)(self, writer)
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the dispatcher gave up first: what these behaviours are for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from broker.models import Channel, Message, Producer
@@ -65,3 +66,19 @@ def make_consumer_with_token(
     consumer.set_token(token)
     consumer.save()
     return consumer
+
+
+BROKER_ADMIN_GROUP = "broker admin"
+
+
+def make_operator(username: str = "ops", password: str = "pw") -> User:
+    """A staff user in the group "broker admin": every right over the broker (docs/ui.md)."""
+    user = User.objects.create_user(username, password=password, is_staff=True)
+    user.groups.add(broker_admin_group())
+    return user
+
+
+def broker_admin_group() -> Group:
+    """The group broker/admin_group.py keeps after every migrate (and after a transactional
+    test's flush, which sends post_migrate too)."""
+    return Group.objects.get(name=BROKER_ADMIN_GROUP)

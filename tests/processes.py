@@ -11,6 +11,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from tests.clock import skip_if_moved
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,6 +23,7 @@ def start_dispatcher(*arguments: str, **environment_overrides: str) -> subproces
 
 def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
     """`manage.py <arguments>` as a process of its own, on this test's database."""
+    skip_if_moved()
     settings = connection.settings_dict
     environment = {
         **os.environ,

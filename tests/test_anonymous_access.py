@@ -3,7 +3,8 @@
 The operations come from the OpenAPI schema the broker serves, so an endpoint added later is
 covered without editing this file. Every operation is called with existing IDs (so a refusal
 cannot hide behind a 404), without any credential, and with the session of a logged-in user who
-is not staff; each must be refused with the JSON error and change nothing.
+is not staff or is staff without the permission broker.administer_broker; each must be refused
+with the JSON error and change nothing.
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ def test_every_operation_refuses_anonymous_callers_and_changes_nothing(rows):
     assert len(refused) >= 40
 
 
-def test_a_logged_in_user_who_is_not_staff_is_refused(client, rows):
-    user = User.objects.create_user("someone", password="pw")
+@pytest.mark.parametrize("is_staff", [False, True], ids=["not staff", "staff without permission"])
+def test_a_logged_in_user_who_is_not_an_admin_is_refused(client, rows, is_staff):
+    user = User.objects.create_user("someone", password="pw", is_staff=is_staff)
     client.force_login(user)
     for method, template in operations():
         if (method, template) in PUBLIC:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 
-from tests.helpers import make_channel
+from broker.models import Producer
+from tests.conftest import FORM
+from tests.helpers import make_channel, make_consumer, make_operator
 
 pytestmark = pytest.mark.django_db
 
@@ -71,21 +73,44 @@ def test_api_key_names_are_unique_and_revoking_an_unknown_key_fails():
         call_command("revoke_api_key", "nobody", stdout=io.StringIO())
 
 
-def test_staff_sessions_are_admins_and_other_users_are_not(client):
-    staff = User.objects.create_user("ops", password="pw", is_staff=True)
+def test_sessions_need_staff_and_the_administer_broker_permission(client):
     user = User.objects.create_user("someone", password="pw")
+    staff = User.objects.create_user("staff", password="pw", is_staff=True)
+    allowed = User.objects.create_user("allowed", password="pw", is_staff=True)
+    allowed.user_permissions.add(Permission.objects.get(codename="administer_broker"))
 
-    client.force_login(user)
-    assert client.get("/producers").status_code == 403
-    client.force_login(staff)
-    assert client.get("/producers").status_code == 200
+    for refused in (user, staff):
+        client.force_login(refused)
+        response = client.get("/producers")
+        assert response.status_code == 403
+        assert "broker.administer_broker" in response.json()["Error"]
+    for admin in (allowed, make_operator(), User.objects.create_superuser("root", password="pw")):
+        client.force_login(admin)
+        assert client.get("/producers").status_code == 200
+
+
+def test_a_session_without_the_permission_cannot_write_or_read_secrets(client):
+    consumer = make_consumer(make_channel("payments"), "billing")
+    client.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
+    path = "/channel/payments/consumer/billing"
+
+    assert client.get(f"{path}/secret").status_code == 403
+    assert client.post(f"{path}/secret").status_code == 403
+    assert client.post(f"{path}/pause").status_code == 403
+    assert client.put("/producer/shop", "name=Shop", content_type=FORM).status_code == 403
+    response = client.post(f"{path}/dlq", "requeue=", content_type=FORM)
+    assert response.status_code == 400  # an admin may requeue without the token; not this user
+    after = type(consumer).objects.get(pk=consumer.pk)
+    assert not after.paused
+    assert after.signing_secret == consumer.signing_secret
+    assert not Producer.objects.exists()
 
 
 def test_staff_session_writes_need_the_csrf_token(settings):
     from django.test import Client
 
     csrf_client = Client(enforce_csrf_checks=True)
-    csrf_client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    csrf_client.force_login(make_operator())
 
     response = csrf_client.put(
         "/producer/shop", "name=Shop", content_type="application/x-www-form-urlencoded"

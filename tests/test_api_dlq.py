@@ -238,6 +238,17 @@ def test_an_admin_may_requeue_without_the_consumer_token(client, worker):
     assert set(Job.objects.values_list("status", flat=True)) == {QUEUED}
 
 
+@pytest.mark.parametrize("token", ["wrong", "consumer-token-but-not-quite"])
+def test_a_wrong_requeue_token_is_refused_even_for_an_admin(token, client, worker):
+    jobs_of(worker)
+
+    response = requeue(client, {"requeue": token}, headers=ADMIN)
+
+    assert response.status_code == 400
+    assert "requeue" in response.json()["Error"]
+    assert set(Job.objects.values_list("status", flat=True)) == {DEAD}
+
+
 def test_a_wrong_admin_token_is_refused(client, worker):
     jobs_of(worker)
 

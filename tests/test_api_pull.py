@@ -714,7 +714,7 @@ def test_claim_sweeps_expired_leases_first(client, worker, lease_settings):
 
 @pytest.mark.parametrize(
     "body",
-    [{"limit": -1}, {"limit": "many"}, {"timeout": 0}, {"wait": 31}, {"wait": -1}],
+    [{"limit": -1}, {"limit": "many"}, {"timeout": 0}, {"wait": 21}, {"wait": -1}],
 )
 def test_claim_rejects_bad_parameters(client, worker, body):
     job = job_for(worker)
@@ -790,12 +790,13 @@ def test_claim_long_poll_answers_as_soon_as_a_job_is_published(client, channel, 
     publisher = threading.Thread(target=publish_soon)
     started = time.monotonic()
     publisher.start()
-    response = claim(client, {"wait": 2})
+    response = claim(client, {"wait": 15})
     elapsed = time.monotonic() - started
     publisher.join()
 
     assert [item["Message"]["MessageID"] for item in response.json()["Result"]] == ["late"]
-    assert 0.3 <= elapsed < 1.5
+    # Long before the wait was over (a loaded machine may take seconds; never 15).
+    assert 0.3 <= elapsed < 15
 
 
 @pytest.mark.postgres

@@ -11,6 +11,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Callable
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
@@ -27,6 +28,8 @@ from consumers.safety import (
     is_refusal,
     resolve_for_delivery,
 )
+from tests.conftest import FORM
+from tests.helpers import make_channel
 
 REAL_GETADDRINFO = socket.getaddrinfo
 
@@ -492,3 +495,70 @@ def test_aiohttp_skips_the_resolver_for_ip_literals_so_delivery_checks_the_url(g
     assert _post_to_receiver(lambda port: f"http://127.0.0.1:{port}/hook") == [b"payload"]
     with pytest.raises(UnsafeDeliveryAddress):
         check_delivery_url("http://127.0.0.1:8000/hook")
+
+
+# --- the callback URL's form, through the consumer API (issue 14 §6) ----------------------------
+
+CONSUMER_URL = "/channel/orders/consumer/billing"
+
+
+def put_consumer(admin_client, callback_url: str):
+    make_channel()
+    return admin_client.put(
+        CONSUMER_URL, urlencode({"callbackUrl": callback_url}), content_type=FORM
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "url",
+    ["http://receiver:8080/hook", "http://receiver/", "https://my_service.internal-net:443/h"],
+)
+def test_single_label_and_service_names_are_callbacks(admin_client, url):
+    """What docker-compose and Kubernetes give (BROKER_ALLOW_PRIVATE_CALLBACKS is true here)."""
+    response = put_consumer(admin_client, url)
+
+    assert response.status_code == 200, response.content
+    assert response.json()["CallbackURL"] == url
+
+
+@pytest.mark.django_db
+def test_a_single_label_name_still_meets_the_address_guard(admin_client, guarded, dns):
+    dns["receiver"] = ["172.18.0.5"]
+
+    response = put_consumer(admin_client, "http://receiver:8080/hook")
+
+    assert response.status_code == 400
+    error = response.json()["Error"]
+    assert "172.18.0.5" in error
+    assert "BROKER_ALLOW_PRIVATE_CALLBACKS" in error
+
+
+@pytest.mark.django_db
+def test_a_loopback_refusal_names_the_setting_that_allows_it(admin_client, guarded):
+    response = put_consumer(admin_client, "http://127.0.0.1:8000/hook")
+
+    assert response.status_code == 400
+    assert "BROKER_ALLOW_PRIVATE_CALLBACKS=true" in response.json()["Error"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "url", ["http://example.com:65536/", "http://example.com:99999/", "http://example.com:0/"]
+)
+def test_a_port_outside_1_to_65535_is_refused(admin_client, url):
+    response = put_consumer(admin_client, url)
+
+    assert response.status_code == 400
+    assert "port from 1 to 65535" in response.json()["Error"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "url", ["ftp://example.com/", "http://exa mple.com/", "http://-bad-/", "http://a..b/", "/hook"]
+)
+def test_a_malformed_callback_url_is_refused(admin_client, url):
+    response = put_consumer(admin_client, url)
+
+    assert response.status_code == 400
+    assert "callbackUrl" in response.content.decode()

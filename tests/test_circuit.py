@@ -13,7 +13,7 @@ from consumers.models import Consumer
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED, QUEUED
-from tests.helpers import make_channel, make_producer
+from tests.helpers import make_channel, make_consumer, make_producer
 from tests.receiver import Reply
 from tests.test_dispatch import push_consumer, run_once
 
@@ -172,3 +172,90 @@ def test_a_threshold_of_zero_disables_the_circuit(down, dispatcher, settings):
     down.refresh_from_db()
     assert down.circuit_open_until is None
     assert down.circuit_failures == 4
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504])
+def test_unavailability_opens_the_circuit(status, channel, receiver, dispatcher):
+    consumer = push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(status)
+    for number in range(2):
+        publish(channel, b"x", producer="shop", message_id=f"m{number}")
+
+    run_once(dispatcher)
+
+    consumer.refresh_from_db()
+    assert consumer.circuit_open_until is not None
+
+
+def test_no_answer_at_all_opens_the_circuit(channel, dispatcher):
+    consumer = make_consumer(channel)  # http://127.0.0.1:9/…: nothing listens there
+    for number in range(2):
+        publish(channel, b"x", producer="shop", message_id=f"m{number}")
+
+    run_once(dispatcher)
+
+    consumer.refresh_from_db()
+    assert consumer.circuit_open_until is not None
+    assert {a.error_class for a in DeliveryAttempt.objects.all()} == {"connection"}
+
+
+@pytest.mark.parametrize("status", [301, 400, 401, 403, 404, 409, 422])
+def test_a_consumers_own_answer_never_opens_the_circuit(status, channel, receiver, dispatcher):
+    consumer = push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(status)
+    for number in range(4):
+        publish(channel, b"x", producer="shop", message_id=f"m{number}")
+
+    run_once(dispatcher)
+
+    consumer.refresh_from_db()
+    assert (consumer.circuit_failures, consumer.circuit_open_until) == (0, None)
+
+
+def test_a_consumer_answering_404_uses_its_attempts_and_its_job_dies(channel, receiver, dispatcher):
+    """Upstream's integration test: a misconfigured consumer (404 every time) must reach the
+    DLQ, not sit QUEUED for ever behind a circuit that gives every attempt back."""
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(404)
+    publish(channel, b"x", producer="shop")
+
+    for elapsed in (0, 2, 4):  # three attempts, a second apart (BROKER_RETRY_DELAYS = [1, 1])
+        with at(elapsed):
+            assert len(run_once(dispatcher)) == 1
+
+    job = Job.objects.get()
+    assert job.status == DEAD
+    assert job.last_error == "HTTP 404; all 3 attempts used"
+    assert Consumer.objects.get().circuit_open_until is None
+
+
+def test_an_answer_of_its_own_closes_an_open_circuit(down, dispatcher, receiver):
+    open_the_circuit(dispatcher)
+    receiver.replies["/hook"] = Reply(404)  # up again, but misconfigured
+
+    with at(31):
+        assert len(run_once(dispatcher)) == 1  # the probe
+
+    down.refresh_from_db()
+    assert down.circuit_state(START) == "closed"
+    assert down.circuit_failures == 0
+
+
+def test_a_queued_job_never_says_its_attempts_are_used_up(channel, receiver, dispatcher):
+    """A failed probe on the job's last attempt gives the attempt back: the job stays QUEUED,
+    and its last error must not claim that every attempt was used."""
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(503)
+    publish(channel, b"x", producer="shop")
+    for elapsed in (0, 2):  # two failures: the circuit opens (threshold 2)
+        with at(elapsed):
+            run_once(dispatcher)
+
+    with at(2 + 31):
+        [probe] = run_once(dispatcher)  # the third and last attempt
+
+    job = Job.objects.get()
+    assert probe.attempt == 3
+    assert job.status == QUEUED
+    assert "attempts used" not in job.last_error
+    assert job.last_error == "HTTP 503; circuit open again, attempt not counted"

@@ -91,7 +91,7 @@ def test_a_replay_that_commits_while_the_purge_waits_keeps_its_message(channel, 
     replaying.start()
     replay_holds_the_lock.wait(10)
     purging.start()  # picks the message (the replay's job is not committed yet), then waits
-    wait_until(lambda: waiting_on_a_lock() == 1, seconds=10)
+    wait_until(lambda: waiting_on_a_lock() == 1, seconds=60)
     commit_replay.set()
     replaying.join(10)
     purging.join(10)

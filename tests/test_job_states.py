@@ -34,6 +34,7 @@ EXPECTED_TABLE = {
     (DEAD, QUEUED),
     (DEAD, INFLIGHT),
     (DELIVERED, QUEUED),  # replay (broker/replay.py)
+    (QUEUED, DEAD),  # expired (jobs/expiry.py)
 }
 ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
 FORBIDDEN = [pair for pair in ALL_PAIRS if pair not in EXPECTED_TABLE]

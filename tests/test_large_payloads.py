@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 import os
+import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 from django.test import Client
+from django.utils import timezone
 from standardwebhooks import Webhook
 
 from broker import payloads, publish
@@ -43,13 +45,14 @@ PULL_AUTH = {"X-Broker-Channel-Token": "channel-token", "X-Broker-Consumer-Token
 
 @pytest.fixture(autouse=True)
 def storage_dir(settings, tmp_path):
-    """This test's payload storage: a directory of its own."""
+    """This test's payload storage: the configured one, in a directory of its own."""
     location = tmp_path / "payloads"
+    configured = settings.STORAGES["broker_payloads"]
     settings.STORAGES = {
         **settings.STORAGES,
         "broker_payloads": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": location},
+            **configured,
+            "OPTIONS": {**configured["OPTIONS"], "location": location},
         },
     }
     settings.BROKER_RETRY_JITTER = 0
@@ -147,6 +150,13 @@ def test_a_broadcast_large_payload_is_stored_in_storage(client, channel, storage
     assert stored_files(storage_dir) == {message.payload_file: payload}
 
 
+def test_offloaded_payloads_are_readable_by_the_brokers_user_alone(channel, storage_dir):
+    message = publish(channel, b"a" * (THRESHOLD + 1), producer="shop")
+
+    assert stat.S_IMODE((storage_dir / message.payload_file).stat().st_mode) == 0o600
+    assert stat.S_IMODE(storage_dir.stat().st_mode) == 0o700
+
+
 def test_above_the_maximum_broadcast_is_413_and_nothing_is_stored(
     client, channel, storage_dir, settings
 ):
@@ -180,6 +190,9 @@ def test_a_rolled_back_publish_leaves_an_orphan_that_the_purge_removes(channel, 
         transaction.set_rollback(True)
     assert not Message.objects.filter(public_id="rolled-back").exists()
     assert len(stored_files(storage_dir)) == 2
+    written = timezone.now().timestamp()  # on the test's clock; the filesystem uses the real one
+    for path in storage_dir.iterdir():
+        os.utime(path, (written, written))
 
     call_command("purge_orphan_payloads")  # both files are younger than a day: both stay
     assert len(stored_files(storage_dir)) == 2

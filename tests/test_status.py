@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 
 import broker
+from broker.apps import close_connection_pools
 from tests.helpers import make_channel
 
 
@@ -42,15 +43,21 @@ def test_status_accepts_only_get(client):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_status_answers_503_when_the_database_is_unreachable(client):
-    real_port = connection.settings_dict["PORT"]
+def test_status_answers_503_when_the_database_is_unreachable(client, monkeypatch):
     connection.close()
-    connection.settings_dict["PORT"] = "1"  # nothing listens there
+    monkeypatch.setitem(connection.settings_dict, "PORT", "1")  # nothing listens there
+    pool = connection.settings_dict["OPTIONS"].get("pool")
+    if pool:
+        # The pool was made for the real port: a new one for port 1, that waits only briefly
+        # for a connection before the request gives up.
+        monkeypatch.setitem(connection.settings_dict["OPTIONS"], "pool", {**pool, "timeout": 0.5})
+        close_connection_pools()
     try:
         response = client.get("/_status")
     finally:
         connection.close()
-        connection.settings_dict["PORT"] = real_port
+        if pool:
+            close_connection_pools()  # the next query makes one for the real port again
 
     assert response.status_code == 503
     assert response.json()["status"] == "unavailable"

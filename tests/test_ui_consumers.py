@@ -24,7 +24,7 @@ from jobs.signing import signature_headers
 from jobs.states import DEAD, QUEUED
 from jobs.test_event import TEST_EVENT_HEADER
 from tests.conftest import FORM
-from tests.helpers import make_channel, make_consumer, make_job
+from tests.helpers import make_channel, make_consumer, make_job, make_operator
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -34,7 +34,7 @@ PAGE = "/ui/consumers/orders/billing"
 
 @pytest.fixture
 def staff_client(client):
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
     return client
 
 
@@ -53,6 +53,7 @@ def settings_form(**fields) -> dict[str, str]:
         "retry_delays": "",
         "non_retryable_statuses": "",
         "max_in_flight": "",
+        "max_job_age": "",
         "token": "",
         "signing_secret": "",
         **fields,
@@ -112,7 +113,7 @@ def test_every_page_and_action_needs_a_staff_login(client, billing):
 
 def test_actions_need_the_csrf_token(billing):
     client = Client(enforce_csrf_checks=True)
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
 
     for action in ACTIONS:
         assert client.post(f"{PAGE}/{action}", {"confirm": "yes"}).status_code == 403
@@ -249,7 +250,11 @@ def test_create_generates_a_token_and_shows_it_once(staff_client):
     make_channel("orders")
 
     response = create(
-        staff_client, retry_delays="1, 5,30", non_retryable_statuses="400,422", max_in_flight="8"
+        staff_client,
+        retry_delays="1, 5,30",
+        non_retryable_statuses="400,422",
+        max_in_flight="8",
+        max_job_age="3600",
     )
 
     assert response.status_code == 200
@@ -261,6 +266,7 @@ def test_create_generates_a_token_and_shows_it_once(staff_client):
     assert consumer.retry_delays == [1, 5, 30]
     assert consumer.non_retryable_statuses == [400, 422]
     assert consumer.max_in_flight == 8
+    assert consumer.max_job_age == 3600
     assert token not in shown(staff_client)  # only that once
 
 
@@ -305,6 +311,8 @@ BAD_SETTINGS = [
     ("non_retryable_statuses", "nonRetryableStatuses", "99"),
     ("max_in_flight", "maxInFlight", "0"),
     ("max_in_flight", "maxInFlight", "1,2"),
+    ("max_job_age", "maxJobAge", "-1"),
+    ("max_job_age", "maxJobAge", "soon"),
     ("signing_secret", "signingSecret", "whsec_short"),
 ]
 

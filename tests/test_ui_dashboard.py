@@ -19,7 +19,7 @@ from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, DeliveryStats, DispatcherHeartbeat, Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.stats import refresh_delivery_stats
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 from ui.charts import Series, compact_number, nice_scale, stacked_bars
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +28,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 @pytest.fixture
 def staff_client(client):
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
     return client
 
 

@@ -14,14 +14,14 @@ from django.utils import timezone
 from broker.models import Channel
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED, QUEUED
-from tests.helpers import make_consumer, make_job
+from tests.helpers import make_consumer, make_job, make_operator
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def staff_client(client):
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
     return client
 
 
@@ -226,7 +226,7 @@ def test_requeue_since_takes_only_the_consumers_recent_dead_jobs(staff_client):
 def test_posts_need_a_csrf_token():
     job = dead_job()
     client = Client(enforce_csrf_checks=True)
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
 
     assert client.post(f"/ui/jobs/{job.pk}/requeue").status_code == 403
     assert (

@@ -16,14 +16,14 @@ from broker.models import Message
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def staff_client(client):
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
     return client
 
 
@@ -91,7 +91,7 @@ def test_pages_need_a_staff_login(client, channel):
 def test_replay_needs_the_csrf_token(channel):
     message = delivered_message(channel)
     client = Client(enforce_csrf_checks=True)
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
 
     without = client.post(f"/ui/messages/{message.pk}/replay", {"consumer": "billing"})
     page = client.get(f"/ui/messages/{message.pk}")
@@ -297,7 +297,7 @@ def test_the_message_page_query_count_does_not_grow_with_jobs_or_attempts(staff_
 
     assert len(response.context["attempts"]) == 24
     assert len(many) == len(one)
-    assert len(many) <= 8
+    assert len(many) <= 9  # two of them load the operator's permissions (ui/access.py)
 
 
 # --- replay --------------------------------------------------------------------------------------

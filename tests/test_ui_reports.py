@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from jobs.models import DeliveryReport
 from tests.browser import CHROMIUM, log_in, screenshot
+from tests.helpers import make_operator
 
 TODAY = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
@@ -39,7 +40,7 @@ def report_row(consumer: str, period: datetime, grain: str = "day", **figures) -
 
 @pytest.fixture
 def staff_client(client):
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
     return client
 
 

@@ -23,7 +23,7 @@ from broker.periodic import run_due_ticks
 from broker.scheduling import release_due_messages
 from jobs.models import Job
 from tests.conftest import FORM
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 from ui.schedule_pages import ScheduledFilters, pending_messages
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,7 @@ def orders():
 @pytest.fixture
 def staff_client(client, clock):
     # Logged in at the tests' time: a session opened before the clock moved would be expired.
-    client.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    client.force_login(make_operator())
     return client
 
 
@@ -115,7 +115,7 @@ def test_pages_need_a_staff_login(client, orders, clock):
 def test_actions_need_a_csrf_token(orders, clock):
     scheduled("later-1")
     browser = Client(enforce_csrf_checks=True)
-    browser.force_login(User.objects.create_user("ops", password="pw", is_staff=True))
+    browser.force_login(make_operator())
     create_via_api("ping")
 
     assert browser.post("/ui/scheduled/orders/later-1/cancel").status_code == 403

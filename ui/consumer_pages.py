@@ -20,7 +20,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.models import Channel, is_resource_id
 from consumers import services
@@ -29,8 +28,14 @@ from jobs.delivery import AttemptResult
 from jobs.queue_depth import COUNT_LIMIT, BoundedCount
 from jobs.states import DEAD, INFLIGHT, QUEUED
 from jobs.test_event import send_test_event
-from ui import paging
-from ui.views import staff_only
+from ui import inputs, paging
+from ui.access import (
+    ADD_CONSUMERS,
+    CHANGE_CONSUMERS,
+    MANAGE_SIGNING_SECRETS,
+    VIEW_CONSUMERS,
+    operator_view,
+)
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -75,6 +80,12 @@ class ConsumerSettingsForm(forms.Form):
     max_in_flight = forms.CharField(
         label="Max in flight", required=False, help_text="Concurrent deliveries. Blank: default."
     )
+    max_job_age = forms.CharField(
+        label="Max job age",
+        required=False,
+        help_text="Seconds a push job may wait undelivered before it expires to the DLQ; 0: no "
+        "limit. Blank: BROKER_MAX_JOB_AGE_SECONDS.",
+    )
     token = forms.CharField(
         required=False,
         max_length=255,
@@ -104,6 +115,9 @@ class ConsumerSettingsForm(forms.Form):
     def clean_max_in_flight(self) -> int | None:
         return services.validated(services.parse_max_in_flight, self.cleaned_data["max_in_flight"])
 
+    def clean_max_job_age(self) -> int | None:
+        return services.validated(services.parse_max_job_age, self.cleaned_data["max_job_age"])
+
     def clean_signing_secret(self) -> str:
         secret: str = self.cleaned_data["signing_secret"]
         return services.validated(services.checked_signing_secret, secret) if secret else ""
@@ -120,6 +134,7 @@ class ConsumerSettingsForm(forms.Form):
             "retryDelays": data["retry_delays"],
             "nonRetryableStatuses": data["non_retryable_statuses"],
             "maxInFlight": data["max_in_flight"],
+            "maxJobAge": data["max_job_age"],
         }
         if data["token"]:
             form["token"] = data["token"]
@@ -170,6 +185,7 @@ class EditConsumerForm(ConsumerSettingsForm):
                 "retry_delays": _joined(consumer.retry_delays),
                 "non_retryable_statuses": _joined(consumer.non_retryable_statuses),
                 "max_in_flight": consumer.max_in_flight or "",
+                "max_job_age": "" if consumer.max_job_age is None else consumer.max_job_age,
                 "changed_at": consumer.changed_at.isoformat(),
             }
         )
@@ -177,6 +193,11 @@ class EditConsumerForm(ConsumerSettingsForm):
 
 def _joined(numbers: list[int] | None) -> str:
     return ", ".join(str(number) for number in numbers or [])
+
+
+class ConsumerListFilters(forms.Form):
+    channel = inputs.IdField()
+    after = paging.BY_CHANNEL_AND_ID.cursor_field()
 
 
 class ConsumerExists(Exception):
@@ -190,11 +211,11 @@ class ConsumerChanged(Exception):
 # The list
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_CONSUMERS)
 def consumer_list(request: HttpRequest) -> HttpResponse:
-    channel_id = request.GET.get("channel", "").strip()
-    consumers = listed_consumers(channel_id, request.GET.get("after", ""))
+    filters = inputs.valid(ConsumerListFilters(request.GET))
+    channel_id = filters["channel"]
+    consumers = listed_consumers(channel_id, filters["after"])
     page = paging.page_of(request, consumers, paging.BY_CHANNEL_AND_ID.cursor_of, parameter="after")
     now = timezone.now()
     for consumer in page.rows:
@@ -203,7 +224,7 @@ def consumer_list(request: HttpRequest) -> HttpResponse:
     return render(request, "ui/consumers.html", context)
 
 
-def listed_consumers(channel_id: str, cursor: str) -> QuerySet[Consumer]:
+def listed_consumers(channel_id: str, cursor: tuple[str, str] | None) -> QuerySet[Consumer]:
     consumers = Consumer.objects.only(*LISTED_FIELDS)
     if channel_id:
         consumers = consumers.filter(channel_id=channel_id)
@@ -230,8 +251,7 @@ def back_to(consumer: Consumer) -> HttpResponse:
     return redirect("ui:consumer", channel_id=consumer.channel_id, consumer_id=consumer.public_id)
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_CONSUMERS)
 def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = consumer_or_404(channel_id, consumer_id)
     now = timezone.now()
@@ -256,11 +276,10 @@ def job_counts(consumer: Consumer) -> dict[str, BoundedCount]:
     }
 
 
-@require_http_methods(["GET", "POST"])
-@staff_only
+@operator_view(get=ADD_CONSUMERS, post=ADD_CONSUMERS)
 def consumer_create(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
-        form = NewConsumerForm(initial={"channel": request.GET.get("channel", "")})
+        form = NewConsumerForm(initial=inputs.valid(inputs.ChannelChoice(request.GET)))
         return render(request, "ui/consumer_form.html", {"form": form})
     form = NewConsumerForm(request.POST)
     if not form.is_valid():
@@ -284,8 +303,7 @@ def _must_be_new(existing: Consumer | None) -> None:
         raise ConsumerExists
 
 
-@require_http_methods(["GET", "POST"])
-@staff_only
+@operator_view(get=CHANGE_CONSUMERS, post=CHANGE_CONSUMERS)
 def consumer_edit(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = consumer_or_404(channel_id, consumer_id)
     if request.method == "GET":
@@ -326,32 +344,28 @@ def _unchanged_since(changed_at: datetime) -> Callable[[Consumer | None], None]:
 # Actions (POST, then back to the consumer's page)
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_CONSUMERS)
 def pause(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = found(services.pause_consumer, channel_id, consumer_id, True)
     messages.success(request, f"Paused {consumer.public_id}: its jobs wait until it is resumed.")
     return back_to(consumer)
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_CONSUMERS)
 def resume(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = found(services.pause_consumer, channel_id, consumer_id, False)
     messages.success(request, f"Resumed {consumer.public_id}: delivery goes on.")
     return back_to(consumer)
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_CONSUMERS)
 def close_circuit(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = found(services.close_circuit, channel_id, consumer_id)
     messages.success(request, f"Closed the circuit of {consumer.public_id}.")
     return back_to(consumer)
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_CONSUMERS)
 def send_test(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = consumer_or_404(channel_id, consumer_id)
     if consumer.is_pull:
@@ -386,8 +400,7 @@ def _shown(result: AttemptResult) -> dict[str, Any]:
 # The signing secret: a confirmation page (GET), then the action (POST with confirm=yes)
 
 
-@require_http_methods(["GET", "POST"])
-@staff_only
+@operator_view(get=MANAGE_SIGNING_SECRETS, post=MANAGE_SIGNING_SECRETS)
 def rotate_secret(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = consumer_or_404(channel_id, consumer_id)
     if not _confirmed(request):
@@ -406,8 +419,7 @@ def rotate_secret(request: HttpRequest, channel_id: str, consumer_id: str) -> Ht
     return back_to(consumer)
 
 
-@require_http_methods(["GET", "POST"])
-@staff_only
+@operator_view(get=MANAGE_SIGNING_SECRETS, post=MANAGE_SIGNING_SECRETS)
 def reveal_secret(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = consumer_or_404(channel_id, consumer_id)
     if not _confirmed(request):

@@ -17,7 +17,6 @@ from django.shortcuts import render
 from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.safestring import SafeString
-from django.views.decorators.http import require_GET
 
 from consumers.models import Consumer
 from jobs.dispatch import HOUSEKEEPING_SECONDS
@@ -25,8 +24,8 @@ from jobs.models import DispatcherHeartbeat
 from jobs.queue_depth import COUNT_LIMIT, BoundedCount, QueueDepth, queue_depths
 from jobs.stats import HOUR, MINUTE, Recent, Tally, last_attempt_at, last_counted_minute, recent
 from jobs.stats import recount_window as stats_recount_window
+from ui.access import VIEW_JOBS, operator_view
 from ui.charts import Series, stacked_bars
-from ui.views import staff_only
 
 # Dispatchers beat every HOUSEKEEPING_SECONDS; six missed beats and one is flagged as stale.
 STALE_AFTER = timedelta(seconds=6 * HOUSEKEEPING_SECONDS)
@@ -84,8 +83,7 @@ class Beat:
         return self.age > STALE_AFTER
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_JOBS)
 def dashboard(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     last_hour, last_day = recent(MINUTE, 60, now), recent(HOUR, 24, now)

@@ -17,15 +17,15 @@ from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, path
-from django.views.decorators.http import require_GET, require_POST
 
 from broker.models import Channel, Message
 from broker.replay import NotReplayable, ReplayResult, replay
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED
-from ui import paging
-from ui.views import message_preview, staff_only
+from ui import inputs, paging
+from ui.access import CHANGE_MESSAGES, VIEW_MESSAGES, operator_view
+from ui.views import message_preview
 
 # A message's attempts shown on its page, newest kept: a job replayed many times cannot make
 # the page unbounded.
@@ -46,27 +46,27 @@ LIST_FIELDS = (
 
 
 class SearchForm(forms.Form):
-    q = forms.CharField(required=False, max_length=255, strip=True)
-    channel = forms.CharField(required=False, max_length=255, strip=True)
-    before = forms.IntegerField(required=False, min_value=1)  # keyset cursor: show ids below
+    q = inputs.TextField(max_length=255)
+    channel = inputs.IdField()
+    # Keyset cursor: show ids below.
+    before = forms.IntegerField(required=False, min_value=1, max_value=inputs.MAX_PRIMARY_KEY)
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_MESSAGES)
 def message_search(request: HttpRequest) -> HttpResponse:
     form = SearchForm(request.GET)
+    search = inputs.valid(form)
     context: dict[str, object] = {"form": form, "hits": None, "recent": [], "is_first_page": True}
-    if form.is_valid():
-        query, channel = form.cleaned_data["q"], form.cleaned_data["channel"]
-        if query:
-            hits = find_messages(query, channel)
-            if len(hits) == 1:
-                return redirect("ui:message", message_pk=hits[0].pk)
-            context["hits"] = hits
-        else:
-            recent = recent_messages(channel, form.cleaned_data["before"])
-            page = paging.page_of(request, recent, lambda row: str(row.pk), parameter="before")
-            context.update(recent=page.rows, **page.links())
+    query, channel = search["q"], search["channel"]
+    if query:
+        hits = find_messages(query, channel)
+        if len(hits) == 1:
+            return redirect("ui:message", message_pk=hits[0].pk)
+        context["hits"] = hits
+    else:
+        recent = recent_messages(channel, search["before"])
+        page = paging.page_of(request, recent, lambda row: str(row.pk), parameter="before")
+        context.update(recent=page.rows, **page.links())
     return render(request, "ui/messages.html", context)
 
 
@@ -134,8 +134,7 @@ class ConsumerRow:
         return self.job.status == DELIVERED
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_MESSAGES)
 def message_detail(request: HttpRequest, message_pk: int) -> HttpResponse:
     message = get_object_or_404(Message.objects.defer("payload"), pk=message_pk)
     jobs = {job.consumer_id: job for job in message.jobs.all()}
@@ -168,13 +167,16 @@ def attempts_of(message: Message) -> list[DeliveryAttempt]:
     return list(reversed(newest))
 
 
-@require_POST
-@staff_only
+class ReplayForm(forms.Form):
+    consumer = inputs.IdField()  # blank: every consumer of the channel
+
+
+@operator_view(post=CHANGE_MESSAGES)
 def message_replay(request: HttpRequest, message_pk: int) -> HttpResponse:
     """Replay to the consumer named in the form, or to every consumer of the channel."""
     message = get_object_or_404(Message.objects.only("pk", "channel_id"), pk=message_pk)
     consumer = None
-    if consumer_id := request.POST.get("consumer", ""):
+    if consumer_id := inputs.valid(ReplayForm(request.POST))["consumer"]:
         consumer = get_object_or_404(Consumer, channel_id=message.channel_id, public_id=consumer_id)
     try:
         result = replay(message, consumer)

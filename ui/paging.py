@@ -2,7 +2,9 @@
 
 A list is ordered by a `Keyset` (a sort key and a unique tie-breaker); the cursor in the URL is
 the position of the previous page's last row, "<key>~<tie-breaker>". Neither part can contain
-"~": resource IDs are letters, digits, "_" and "-", and ISO dates and numbers have none.
+"~": resource IDs are letters, digits, "_" and "-", and ISO dates and numbers have none. A
+cursor comes back from the browser, so each part is parsed by a checking function of
+ui/inputs.py: a cursor that does not parse is refused (`inputs.CursorField`), never queried.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any, Generic, TypeVar
 
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
+
+from ui import inputs
 
 PAGE_SIZE = 50
 
@@ -27,21 +31,20 @@ class Keyset:
 
     key: str
     tiebreaker: str
-    parse_key: Callable[[str], Any] = str
-    parse_tiebreaker: Callable[[str], Any] = str
+    parse_key: Callable[[str], Any]  # raises ValueError
+    parse_tiebreaker: Callable[[str], Any]
     descending: bool = False
 
     def ordered(self, rows: QuerySet[M]) -> QuerySet[M]:
         sign = "-" if self.descending else ""
         return rows.order_by(f"{sign}{self.key}", f"{sign}{self.tiebreaker}")
 
-    def after(self, rows: QuerySet[M], cursor: str) -> QuerySet[M]:
-        """The rows after the cursor's position; all of them when it is empty or malformed.
+    def after(self, rows: QuerySet[M], position: tuple[Any, Any] | None) -> QuerySet[M]:
+        """The rows after a parsed cursor's position; all of them without one.
 
         The first condition alone bounds the scan of an index on the key; the OR only skips
         the rows that share the cursor's key up to its tie-breaker.
         """
-        position = self.parse(cursor)
         if position is None:
             return rows
         key, tiebreaker = position
@@ -54,18 +57,20 @@ class Keyset:
     def cursor_of(self, row: Model) -> str:
         return "~".join(_text(getattr(row, name)) for name in (self.key, self.tiebreaker))
 
-    def parse(self, cursor: str) -> tuple[Any, Any] | None:
+    def parse(self, cursor: str) -> tuple[Any, Any]:
+        """The position a cursor names; ValueError when it is not one."""
         key, separator, tiebreaker = cursor.rpartition("~")
         if not separator:
-            return None
-        try:
-            return self.parse_key(key), self.parse_tiebreaker(tiebreaker)
-        except ValueError:
-            return None
+            raise ValueError("no separator")
+        return self.parse_key(key), self.parse_tiebreaker(tiebreaker)
+
+    def cursor_field(self) -> inputs.CursorField:
+        """The form field of a cursor of this order."""
+        return inputs.CursorField(self.parse)
 
 
 # Consumers and periodic messages: the order of each one's unique (channel, public ID) index.
-BY_CHANNEL_AND_ID = Keyset("channel_id", "public_id")
+BY_CHANNEL_AND_ID = Keyset("channel_id", "public_id", inputs.resource_id, inputs.resource_id)
 
 
 def _text(value: object) -> str:

@@ -11,12 +11,12 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import messages
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import URLPattern, path, reverse
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.api.serializers import encode_payload
 from broker.models import Channel, PeriodicMessage
@@ -31,8 +31,15 @@ from broker.periodic_edits import (
     new_periodic_id,
     set_enabled,
 )
-from ui import paging
-from ui.views import redirect_back, staff_only
+from ui import inputs, paging
+from ui.access import (
+    ADD_PERIODIC,
+    CHANGE_PERIODIC,
+    DELETE_PERIODIC,
+    VIEW_PERIODIC,
+    operator_view,
+)
+from ui.views import redirect_back
 
 # Form fields an operator may leave empty to mean "not given" (default on create, unchanged on
 # edit). The others are sent even when empty: an empty ordering key or header list clears it, an
@@ -63,7 +70,12 @@ def message_search_url(channel_id: str, message_id: str) -> str:
     return f"{reverse('ui:messages')}?{urlencode({'q': message_id, 'channel': channel_id})}"
 
 
-def listed_schedules(channel_id: str, cursor: str) -> QuerySet[PeriodicMessage]:
+class PeriodicFilters(forms.Form):
+    channel = inputs.IdField()
+    cursor = paging.BY_CHANNEL_AND_ID.cursor_field()
+
+
+def listed_schedules(channel_id: str, cursor: tuple[str, str] | None) -> QuerySet[PeriodicMessage]:
     schedules = PeriodicMessage.objects.select_related("last_message")
     if channel_id:
         schedules = schedules.filter(channel_id=channel_id)
@@ -71,11 +83,11 @@ def listed_schedules(channel_id: str, cursor: str) -> QuerySet[PeriodicMessage]:
     return paging.BY_CHANNEL_AND_ID.ordered(schedules.only(*LISTED_FIELDS))
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_PERIODIC)
 def periodic_list(request: HttpRequest) -> HttpResponse:
-    channel_id = request.GET.get("channel", "").strip()
-    schedules = listed_schedules(channel_id, request.GET.get("cursor", ""))
+    filters = inputs.valid(PeriodicFilters(request.GET))
+    channel_id = filters["channel"]
+    schedules = listed_schedules(channel_id, filters["cursor"])
     page = paging.page_of(request, schedules, paging.BY_CHANNEL_AND_ID.cursor_of)
     context = {
         "channel": channel_id,
@@ -138,11 +150,11 @@ def form_values(schedule: PeriodicMessage) -> dict[str, Any]:
     }
 
 
-@require_http_methods(["GET", "POST"])
-@staff_only
+@operator_view(get=ADD_PERIODIC, post=ADD_PERIODIC)
 def periodic_create(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
-        values = {"channel": request.GET.get("channel", ""), "timeZone": "UTC", "enabled": True}
+        channel = inputs.valid(inputs.ChannelChoice(request.GET))["channel"]
+        values = {"channel": channel, "timeZone": "UTC", "enabled": True}
         return render(request, "ui/periodic_new.html", {"values": values})
     form = PeriodicMessagePostForm(data=api_form_data(request.POST, creating=True))
     errors = [] if form.is_valid() else validation_errors(form)
@@ -159,7 +171,12 @@ def periodic_create(request: HttpRequest) -> HttpResponse:
 
 
 def create_in_channel(channel_id: str, form: dict[str, Any]) -> PeriodicMessage:
-    channel = Channel.objects.filter(pk=channel_id.strip()).first()
+    channel_id = channel_id.strip()
+    try:
+        inputs.resource_id(channel_id)
+    except ValueError as error:
+        raise InvalidPeriodicMessage(f"channel: {error}") from None
+    channel = Channel.objects.filter(pk=channel_id).first()
     if channel is None:
         raise InvalidPeriodicMessage(f"No channel {channel_id[:300]!r}.")
     # An ID generated as the API's POST does when none is given.
@@ -181,8 +198,7 @@ def get_schedule(channel_id: str, periodic_id: str) -> PeriodicMessage:
     )
 
 
-@require_http_methods(["GET", "POST"])
-@staff_only
+@operator_view(get=VIEW_PERIODIC, post=CHANGE_PERIODIC)
 def periodic_detail(request: HttpRequest, channel_id: str, periodic_id: str) -> HttpResponse:
     """The schedule's state and its edit form; POST saves the form."""
     schedule = get_schedule(channel_id, periodic_id)
@@ -238,14 +254,12 @@ def render_detail(
     return render(request, "ui/periodic_message.html", context, status=status)
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_PERIODIC)
 def periodic_enable(request: HttpRequest, channel_id: str, periodic_id: str) -> HttpResponse:
     return switch(request, channel_id, periodic_id, enabled=True)
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_PERIODIC)
 def periodic_disable(request: HttpRequest, channel_id: str, periodic_id: str) -> HttpResponse:
     return switch(request, channel_id, periodic_id, enabled=False)
 
@@ -266,8 +280,7 @@ def switch(request: HttpRequest, channel_id: str, periodic_id: str, enabled: boo
     return redirect_back(request, detail_url(schedule))
 
 
-@require_POST
-@staff_only
+@operator_view(post=DELETE_PERIODIC)
 def periodic_delete(request: HttpRequest, channel_id: str, periodic_id: str) -> HttpResponse:
     try:
         delete_periodic(channel_id, periodic_id)

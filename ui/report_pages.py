@@ -17,11 +17,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import URLPattern, path
 from django.utils import timezone
-from django.views.decorators.http import require_GET
 
 from jobs.models import DeliveryReport
+from ui import inputs
+from ui.access import VIEW_REPORTS, operator_view
 from ui.charts import Line, Series, line_chart, stacked_bars
-from ui.views import staff_only
 
 MAX_PERIODS = {"day": 366, "hour": 24 * 14}  # the widest range one page charts
 DEFAULT_PERIODS = {"day": 30, "hour": 48}
@@ -32,10 +32,11 @@ MAX_CONSUMERS = 200
 
 class ReportFilters(forms.Form):
     grain = forms.ChoiceField(choices=DeliveryReport.Grain.choices, required=False)
-    channel = forms.CharField(required=False)
-    consumer = forms.CharField(required=False)
-    since = forms.DateTimeField(required=False)
-    until = forms.DateTimeField(required=False)
+    channel = inputs.IdField()
+    consumer = inputs.IdField()
+    # Bounded well inside Python's years 1 to 9999: the window below adds and takes periods.
+    since = inputs.MomentField()
+    until = inputs.MomentField()
 
     def window(self, now: datetime) -> tuple[str, datetime, datetime]:
         """The grain and the [since, until) range, whole periods, at most MAX_PERIODS long."""
@@ -193,26 +194,25 @@ def charts(
     }
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_REPORTS)
 def reports(request: HttpRequest) -> HttpResponse:
     filters = ReportFilters(request.GET)
-    context: dict[str, Any] = {"filters": filters}
-    if filters.is_valid():
-        grain, since, until = filters.window(timezone.now())
-        rows = filters.rows(grain, since, until)
-        context.update(
-            grain=grain,
-            since=since,
-            until=until,
-            consumers=consumer_summaries(rows),
-            latest=[
-                (row, percent(row.success_rate), percent(row.first_attempt_success_rate))
-                for row in rows.order_by("-period_start", "channel_id", "consumer_id")[:LATEST_ROWS]
-            ],
-            latest_limit=LATEST_ROWS,
-            **charts(rows, grain, since, until),
-        )
+    inputs.valid(filters)
+    grain, since, until = filters.window(timezone.now())
+    rows = filters.rows(grain, since, until)
+    context = {
+        "filters": filters,
+        "grain": grain,
+        "since": since,
+        "until": until,
+        "consumers": consumer_summaries(rows),
+        "latest": [
+            (row, percent(row.success_rate), percent(row.first_attempt_success_rate))
+            for row in rows.order_by("-period_start", "channel_id", "consumer_id")[:LATEST_ROWS]
+        ],
+        "latest_limit": LATEST_ROWS,
+        **charts(rows, grain, since, until),
+    }
     return render(request, "ui/reports.html", context)
 
 

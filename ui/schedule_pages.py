@@ -19,7 +19,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from broker.conf import broker_settings
 from broker.models import Message
@@ -31,13 +30,14 @@ from broker.scheduling import (
     parse_rfc3339,
     require_min_delay,
 )
-from ui import paging, periodic_pages
-from ui.views import message_preview, redirect_back, staff_only
+from ui import inputs, paging, periodic_pages
+from ui.access import ADD_MESSAGES, DELETE_MESSAGES, VIEW_MESSAGES, operator_view
+from ui.views import message_preview, redirect_back
 
 # The value of an <input type="datetime-local">: no offset, seconds optional.
 DATETIME_LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?\Z", re.ASCII)
 # Soonest release first, ties within one instant by id.
-SCHEDULED_ORDER = paging.Keyset("scheduled_for", "pk", datetime.fromisoformat, int)
+SCHEDULED_ORDER = paging.Keyset("scheduled_for", "pk", inputs.moment, inputs.primary_key)
 LISTED_FIELDS = (
     "pk",
     "channel_id",
@@ -52,8 +52,8 @@ LISTED_FIELDS = (
 
 
 class ScheduledFilters(forms.Form):
-    channel = forms.CharField(required=False)
-    cursor = forms.CharField(required=False)
+    channel = inputs.IdField()
+    cursor = SCHEDULED_ORDER.cursor_field()
 
 
 class ScheduleMessageForm(forms.Form):
@@ -79,18 +79,25 @@ class ScheduleMessageForm(forms.Form):
 
 def parse_schedule_time(text: str) -> datetime:
     """An RFC 3339 date-time (as the broadcast header takes), or what a datetime-local input
-    sends (no offset), read as UTC, the zone every page of the UI shows."""
-    text = text.strip()
+    sends (no offset), read as UTC, the zone every page of the UI shows; within the range
+    ui/inputs.py allows."""
+    try:
+        return inputs.in_range(_schedule_time(text.strip()))
+    except ValueError as error:
+        raise forms.ValidationError(str(error)) from None
+
+
+def _schedule_time(text: str) -> datetime:
     try:
         return parse_rfc3339(text)
     except ValueError:
         pass
     if not DATETIME_LOCAL.match(text):
-        raise forms.ValidationError("Give a date and time, e.g. 2030-01-31T12:00.")
+        raise ValueError("Give a date and time, e.g. 2030-01-31T12:00.")
     try:
         return datetime.fromisoformat(text).replace(tzinfo=UTC)
     except ValueError:  # 2030-02-30 and the like
-        raise forms.ValidationError("Give a date and time, e.g. 2030-01-31T12:00.") from None
+        raise ValueError("Give a date and time, e.g. 2030-01-31T12:00.") from None
 
 
 def earliest_schedule_time() -> str:
@@ -110,18 +117,17 @@ def pending_messages(filters: ScheduledFilters) -> QuerySet[Message]:
     return SCHEDULED_ORDER.ordered(pending.only(*LISTED_FIELDS))
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_MESSAGES)
 def scheduled_list(request: HttpRequest) -> HttpResponse:
     filters = ScheduledFilters(request.GET)
-    pending = pending_messages(filters) if filters.is_valid() else Message.objects.none()
+    inputs.valid(filters)
+    pending = pending_messages(filters)
     page = paging.page_of(request, pending, SCHEDULED_ORDER.cursor_of)
     context = {"filters": filters, "rows": page.rows, **page.links()}
     return render(request, "ui/scheduled.html", context)
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_MESSAGES)
 def scheduled_detail(request: HttpRequest, channel_id: str, message_id: str) -> HttpResponse:
     message = get_object_or_404(
         Message.objects.defer("payload"),
@@ -133,13 +139,12 @@ def scheduled_detail(request: HttpRequest, channel_id: str, message_id: str) -> 
     return render(request, "ui/scheduled_message.html", context)
 
 
-@require_http_methods(["GET", "POST"])
-@staff_only
+@operator_view(get=ADD_MESSAGES, post=ADD_MESSAGES)
 def scheduled_create(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         form = ScheduleMessageForm(
             initial={
-                "channel": request.GET.get("channel", ""),
+                **inputs.valid(inputs.ChannelChoice(request.GET)),
                 "scheduled_for": earliest_schedule_time(),
             }
         )
@@ -180,8 +185,7 @@ def schedule_message(data: dict[str, Any]) -> Message:
     )
 
 
-@require_POST
-@staff_only
+@operator_view(post=DELETE_MESSAGES)
 def scheduled_cancel(request: HttpRequest, channel_id: str, message_id: str) -> HttpResponse:
     try:
         cancel_scheduled(channel_id, message_id)

@@ -3,48 +3,39 @@ state machine's own methods (`Job.requeue`, `JobQuerySet.requeue_dead`) and `del
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.db.models import BinaryField, F, Func, OuterRef, Q, QuerySet, Subquery, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
 
 from broker.models import Message
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job, delete_jobs
 from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
-from ui import paging
+from ui import inputs, paging
+from ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
 
 PREVIEW_BYTES = 4096
+# The dead jobs list's bulk actions, each with its permission.
+BULK_ACTIONS = {"requeue": CHANGE_JOBS, "delete": DELETE_JOBS}
 # Newest change first: the order of the partial index job_dead_recent_idx.
 DEAD_JOBS_ORDER = paging.Keyset(
-    "status_changed_at", "pk", datetime.fromisoformat, int, descending=True
+    "status_changed_at", "pk", inputs.moment, inputs.primary_key, descending=True
 )
-
-View = TypeVar("View", bound=Callable[..., HttpResponse])
-
-
-def staff_only(view: View) -> View:
-    """Staff members only; anyone else goes to the admin's login page and back."""
-    return staff_member_required(view, login_url="admin:login")
 
 
 class DeadJobFilters(forms.Form):
-    channel = forms.CharField(required=False)
-    consumer = forms.CharField(required=False)
-    since = forms.DateTimeField(required=False)
-    until = forms.DateTimeField(required=False)
+    channel = inputs.IdField()
+    consumer = inputs.IdField()
+    since = inputs.MomentField()
+    until = inputs.MomentField()
     status_code = forms.IntegerField(required=False, min_value=100, max_value=599)
-    error = forms.CharField(required=False)
-    cursor = forms.CharField(required=False)
+    error = inputs.TextField()
+    cursor = DEAD_JOBS_ORDER.cursor_field()
 
     def apply(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         data = self.cleaned_data
@@ -65,9 +56,9 @@ class DeadJobFilters(forms.Form):
 
 
 class RequeueSinceForm(forms.Form):
-    channel = forms.CharField()
-    consumer = forms.CharField()
-    since = forms.DateTimeField()
+    channel = inputs.IdField(required=True)
+    consumer = inputs.IdField(required=True)
+    since = inputs.MomentField(required=True)
 
 
 def dead_jobs_with_last_status() -> QuerySet[Job]:
@@ -80,18 +71,23 @@ def dead_jobs_with_last_status() -> QuerySet[Job]:
     )
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_JOBS)
 def dead_jobs(request: HttpRequest) -> HttpResponse:
     filters = DeadJobFilters(request.GET)
-    jobs = filters.apply(dead_jobs_with_last_status()) if filters.is_valid() else Job.objects.none()
+    inputs.valid(filters)
+    jobs = filters.apply(dead_jobs_with_last_status())
     page = paging.page_of(request, jobs, DEAD_JOBS_ORDER.cursor_of)
-    context = {"filters": filters, "jobs": page.rows, **page.links()}
+    context = {
+        "filters": filters,
+        "jobs": page.rows,
+        # The ticks of the rows only for users who may requeue or delete them.
+        "may_act": any(request.user.has_perm(name) for name in BULK_ACTIONS.values()),
+        **page.links(),
+    }
     return render(request, "ui/dead_jobs.html", context)
 
 
-@require_GET
-@staff_only
+@operator_view(get=VIEW_JOBS)
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(
         Job.objects.select_related("message", "consumer").defer("message__payload"), pk=job_id
@@ -127,8 +123,7 @@ def message_preview(message: Message) -> str | None:
     return bytes(head).decode("utf-8", errors="replace")
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_JOBS)
 def requeue_job(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(Job, pk=job_id)
     try:
@@ -140,32 +135,28 @@ def requeue_job(request: HttpRequest, job_id: int) -> HttpResponse:
     return redirect("ui:job", job_id=job.pk)
 
 
-@require_POST
-@staff_only
+@operator_view(post=VIEW_JOBS)  # and the permission of the action chosen, below
 def bulk_action(request: HttpRequest) -> HttpResponse:
-    ids = [int(pk) for pk in request.POST.getlist("job") if pk.isdigit()]
+    action = request.POST.get("action", "")
+    if action not in BULK_ACTIONS:
+        messages.error(request, "Unknown action.")
+        return back_to_list(request)
+    require(request, BULK_ACTIONS[action])
+    ids = inputs.primary_keys(request.POST.getlist("job"), "job")
     selected = Job.objects.filter(pk__in=ids)
-    action = request.POST.get("action")
     if not ids:
         messages.warning(request, "No jobs were selected.")
     elif action == "requeue":
         messages.success(request, f"Requeued {selected.requeue_dead()} of {len(ids)} jobs.")
-    elif action == "delete":
+    else:
         deleted = delete_jobs(selected.filter(status=DEAD))
         messages.success(request, f"Deleted {deleted} of {len(ids)} jobs.")
-    else:
-        messages.error(request, "Unknown action.")
     return back_to_list(request)
 
 
-@require_POST
-@staff_only
+@operator_view(post=CHANGE_JOBS)
 def requeue_since(request: HttpRequest) -> HttpResponse:
-    form = RequeueSinceForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "Requeue since needs a channel, a consumer and a time.")
-        return back_to_list(request)
-    data: dict[str, Any] = form.cleaned_data
+    data: dict[str, Any] = inputs.valid(RequeueSinceForm(request.POST))
     consumer = get_object_or_404(Consumer, channel_id=data["channel"], public_id=data["consumer"])
     dead = Job.objects.filter(consumer=consumer, status_changed_at__gte=data["since"])
     count = dead.requeue_dead()
@@ -180,6 +171,6 @@ def back_to_list(request: HttpRequest) -> HttpResponseRedirect:
 def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
     """To the page the form was on (its filters kept), if that is a page of this site."""
     target = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(target, {request.get_host()}):
+    if not inputs.is_local_url(target, request.get_host()):
         target = default
     return HttpResponseRedirect(target)

@@ -1,9 +1,10 @@
 """Who may call what (SPEC §4).
 
 Management endpoints need an admin: a bearer token from BROKER_ADMIN_TOKENS, an API key created
-with `manage.py create_api_key`, or a logged-in staff user; BROKER_OPEN_ADMIN_API=true opens them
-as webhook-broker does. Broadcast and pull endpoints are guarded by the resources' own tokens.
-Every comparison is constant-time.
+with `manage.py create_api_key`, or a logged-in staff user with the permission
+`broker.administer_broker` (superusers have it; so does the group "broker admin");
+BROKER_OPEN_ADMIN_API=true opens them as webhook-broker does. Broadcast and pull endpoints are
+guarded by the resources' own tokens. Every comparison is constant-time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from rest_framework.request import Request
 from broker.conf import broker_settings
 from broker.models import ApiKey
 from broker.tokens import hash_token
+
+# What a login session needs to use the admin API (docs/api.md); admin tokens need nothing more.
+ADMINISTER_BROKER = "broker.administer_broker"
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,21 @@ class IsAdminUnlessPublicMetrics(AdminUnlessPublic):
     public_setting = "BROKER_PUBLIC_METRICS"  # admins by default: it names every consumer
 
 
+def is_broker_admin(user: Any) -> bool:
+    """Whether the request's caller is an admin: an admin token's principal, or a staff user
+    with the broker.administer_broker permission."""
+    if isinstance(user, AdminPrincipal):
+        return True
+    return bool(
+        user and user.is_authenticated and user.is_staff and user.has_perm(ADMINISTER_BROKER)
+    )
+
+
 class IsBrokerAdmin(BasePermission):
-    message = "Admin authentication required (Authorization: Bearer <admin token>)."
+    message = (
+        "Admin authentication required (Authorization: Bearer <admin token>, or a staff login "
+        f"with the permission {ADMINISTER_BROKER})."
+    )
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        if broker_settings.BROKER_OPEN_ADMIN_API:
-            return True
-        user = request.user
-        return bool(user and user.is_authenticated and user.is_staff)
+        return broker_settings.BROKER_OPEN_ADMIN_API or is_broker_admin(request.user)

@@ -18,7 +18,7 @@ from broker.api.serializers import ErrorSerializer, parse_int
 from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
 from broker.models import Channel, Producer, is_resource_id
-from broker.publishing import publish
+from broker.publishing import check_keepable, publish
 from broker.ratelimit import take_broadcast
 from broker.scheduling import parse_rfc3339, require_min_delay
 
@@ -171,10 +171,15 @@ def _priority(request: Request) -> int:
 
 
 def _metadata_headers(request: Request) -> dict[str, str]:
-    """The request headers named in X-Broker-Metadata-Headers, to replay on delivery."""
+    """The request headers named in X-Broker-Metadata-Headers, to replay on delivery.
+
+    Naming a header that is never kept is refused (400) whether or not the request has it:
+    the producer learns at once that it will not be delivered (`publish` checks the rest).
+    """
     names = request.headers.get("X-Broker-Metadata-Headers", "")
     kept = {}
     for name in (part.strip() for part in names.split(",")):
+        check_keepable(name)  # InvalidMessage: 400
         value = request.headers.get(name) if name else None
         if value:
             kept[name] = value

@@ -31,7 +31,9 @@ from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, TransitionConflict, c
 
 DEFAULT_LIMIT, MAX_LIMIT = 25, 100
 MAX_INCREMENTAL_TIMEOUT = 86400
-MAX_WAIT_SECONDS = 30
+# A long poll holds its worker: it must end well before gunicorn's default 30 s --timeout, which
+# kills a sync worker busy with one request that long (seen under load: a 500 and a lost worker).
+MAX_WAIT_SECONDS = 20
 POLL_INTERVAL_SECONDS = 0.2
 TOKEN_HEADERS = [
     OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),

@@ -4,11 +4,11 @@ import asyncio
 import signal
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 from prometheus_client import start_http_server
 
-from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.dispatch import BrokenDatabase, Dispatcher, DispatcherConfig
 from jobs.wakeup import listen_for_jobs
 
 
@@ -39,7 +39,11 @@ class Command(BaseCommand):
         if options["metrics_port"]:
             start_http_server(options["metrics_port"], addr=options["metrics_address"])
         self.stdout.write(f"dispatcher {config.dispatcher_id} starting")
-        asyncio.run(self._run(Dispatcher(config)))
+        try:
+            asyncio.run(self._run(Dispatcher(config)))
+        except BrokenDatabase as exc:
+            # The one way a dispatcher ends on its own: no delivery's failure ends it.
+            raise CommandError(f"dispatcher {config.dispatcher_id} stopped: {exc}") from exc
         self.stdout.write(f"dispatcher {config.dispatcher_id} stopped")
 
     async def _run(self, dispatcher: Dispatcher) -> None:
