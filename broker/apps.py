@@ -32,6 +32,10 @@ def close_connection_pools() -> None:
     their next query; connections in use elsewhere in the parent close when they come back.
     """
     for wrapper in connections.all():
-        if wrapper.vendor == "postgresql" and wrapper.settings_dict["OPTIONS"].get("pool"):
-            # close_pool() is PostgreSQL's (Django 5.1); django-stubs does not know it yet.
+        # Only a pool this process opened: asking Django for one (close_pool() does) would
+        # open it. The forking thread's own connection is handed back first, or the child
+        # would inherit its session. close_pool() is PostgreSQL's (Django 5.1); django-stubs
+        # does not know the pools yet.
+        if wrapper.vendor == "postgresql" and wrapper.alias in type(wrapper)._connection_pools:  # type: ignore[attr-defined]
+            wrapper.close()
             wrapper.close_pool()  # type: ignore[attr-defined]

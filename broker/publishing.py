@@ -34,9 +34,11 @@ _UNSAFE_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control charac
 
 # Metadata headers that are never kept, so never stored, delivered or handed to pull consumers:
 # hop-by-hop and framing headers (the HTTP client makes its own, and a replayed one would corrupt
-# the request), credentials (a receiver, or any pull consumer, would get the producer's), and the
-# broker's own and the signature's names (a producer must not set or shadow them: a kept
-# X-Broker-Producer-Token would let pull consumers publish as the producer). docs/api.md.
+# the request), credentials (a receiver, or any pull consumer, would get the producer's), what
+# describes the connection (the broker is the client: a producer's X-Forwarded-For would let it
+# pose as any address to receivers behind a proxy), and the broker's own and the signature's
+# names (a producer must not set or shadow them: a kept X-Broker-Producer-Token would let pull
+# consumers publish as the producer). docs/api.md.
 REFUSED_METADATA_HEADERS = frozenset(
     {
         "connection",
@@ -50,9 +52,11 @@ REFUSED_METADATA_HEADERS = frozenset(
         "content-length",
         "authorization",
         "cookie",
+        "forwarded",
+        "x-real-ip",
     }
 )
-REFUSED_METADATA_PREFIXES = ("proxy-", "x-broker-", "webhook-")
+REFUSED_METADATA_PREFIXES = ("proxy-", "x-forwarded-", "x-broker-", "webhook-")
 
 T = TypeVar("T", Channel, Producer)
 
@@ -357,7 +361,17 @@ def _validate_ordering_key(key: str) -> None:
 def is_refused_metadata_header(name: str) -> bool:
     """Whether a header may never be kept as metadata (REFUSED_METADATA_HEADERS), in any case."""
     name = name.lower()
-    return name in REFUSED_METADATA_HEADERS or name.startswith(REFUSED_METADATA_PREFIXES)
+    return (
+        name in REFUSED_METADATA_HEADERS
+        or name.startswith(REFUSED_METADATA_PREFIXES)
+        or name == _consumer_header_name()  # when renamed out of X-Broker-*
+    )
+
+
+def _consumer_header_name() -> str:
+    """The name of the header that carries the consumer's token on deliveries, lower-case (a
+    header's name, compared as such: it is no credential)."""
+    return str(broker_settings.BROKER_CONSUMER_TOKEN_HEADER).lower()
 
 
 def check_keepable(name: str) -> None:
@@ -365,8 +379,8 @@ def check_keepable(name: str) -> None:
     if is_refused_metadata_header(name):
         raise InvalidMessage(
             f"Metadata header {name[:100]!r} is never kept: hop-by-hop and framing headers, "
-            "credentials (Authorization, Cookie, Proxy-*) and X-Broker-* and webhook-* headers "
-            "are refused."
+            "credentials (Authorization, Cookie, Proxy-*), Forwarded, X-Forwarded-*, X-Real-IP "
+            "and X-Broker-* and webhook-* headers are refused."
         )
 
 

@@ -22,7 +22,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from broker.models import Channel, Producer, TokenProtected, validate_resource_id
-from consumers.models import Consumer, validate_callback_url
+from consumers.callback_url import validate_callback_url
+from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
 
 CHANNELS, CHANNEL_TOKENS = "initial-channels", "initial-channel-tokens"

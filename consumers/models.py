@@ -3,61 +3,16 @@
 from __future__ import annotations
 
 import base64
-import ipaddress
-import re
 import secrets
 from datetime import datetime, timedelta
 
-from django.core.exceptions import ValidationError
 from django.db import models
-from yarl import URL
 
 from broker.conf import broker_settings
 from broker.crypto import EncryptedTextField
 from broker.models import ChangeTracked, Channel, validate_resource_id
 from broker.tokens import generate_token, secrets_equal
-
-# A host name label: letters, digits, hyphens and underscores (service names in docker-compose
-# and Kubernetes have them), not starting or ending with a hyphen.
-_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-_SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
-
-
-def validate_callback_url(value: str) -> None:
-    """An absolute http(s) URL with a host and a port of 1 to 65535, read as aiohttp will.
-
-    Single-label names (`http://receiver:8080/hook`, what docker-compose and Kubernetes give)
-    are accepted: where a name may lead is the address guard's business (consumers/safety.py).
-    """
-    if _SPACE_OR_CONTROL.search(value):
-        raise ValidationError(
-            "must be an absolute http(s) URL without spaces or control characters."
-        )
-    try:
-        url = URL(value)
-        port = url.port
-    except ValueError:
-        raise ValidationError(
-            "must be an absolute http(s) URL with a port from 1 to 65535."
-        ) from None
-    if url.scheme not in ("http", "https") or not url.raw_host:
-        raise ValidationError("must be an absolute http(s) URL.")
-    if not port:
-        raise ValidationError("must be an absolute http(s) URL with a port from 1 to 65535.")
-    if not _valid_host(url.raw_host):
-        raise ValidationError(f"has an invalid host name {url.raw_host[:100]!r}.")
-
-
-def _valid_host(host: str) -> bool:
-    """An IP address (IPv6 without its brackets) or a DNS name (IDN already in ASCII)."""
-    try:
-        ipaddress.ip_address(host.partition("%")[0])
-        return True
-    except ValueError:
-        pass
-    labels = host.removesuffix(".").split(".")
-    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
-
+from consumers.callback_url import validate_callback_url
 
 SIGNING_FIELDS = ["signing_secret", "previous_signing_secret", "previous_secret_expires_at"]
 CIRCUIT_FIELDS = ["circuit_failures", "circuit_open_until", "circuit_cooldown_seconds"]

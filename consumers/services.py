@@ -20,8 +20,10 @@ from django.utils import timezone
 from broker.api.serializers import parse_int
 from broker.api.stakeholders import apply_stakeholder_form
 from broker.models import Channel
-from consumers.models import Consumer, validate_callback_url
+from consumers.callback_url import validate_callback_url
+from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
+from jobs.expiry import restart_age
 from jobs.signing import InvalidSecret, decode_secret
 
 T = TypeVar("T")
@@ -151,10 +153,13 @@ def save_consumer(
             .first()
         )
         check(consumer)
+        was_pull = consumer is not None and consumer.is_pull
         if consumer is None:
             consumer = Consumer(channel=channel, public_id=consumer_id)
         apply_settings(consumer, form)
         consumer.save()
+        if was_pull and not consumer.is_pull:
+            restart_age(consumer)  # its jobs' age limit counts from when it can receive them
     return consumer
 
 
@@ -183,6 +188,8 @@ def set_paused(consumer: Consumer, paused: bool) -> None:
     # Only these columns: the rest of the instance may be older than the row (the dispatcher
     # writes the circuit columns at any moment, without a lock when it closes a circuit).
     consumer.save(update_fields=["paused", "changed_at"])
+    if not paused:
+        restart_age(consumer)  # the time it was held back is not held against its jobs
 
 
 def find_consumer(channel_id: str, consumer_id: str, *, lock: bool = False) -> Consumer:

@@ -1,11 +1,13 @@
 """The circuit breaker of push consumers (SPEC §6.4): a consumer that is down is left alone.
 
-After BROKER_CIRCUIT_FAILURE_THRESHOLD attempts in a row fail for want of a usable answer, the
-consumer's circuit opens for BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs, so
-none of them uses an attempt. When the cooldown is over the circuit is half-open: the claim takes
-one job, the probe. A success closes the circuit; a failure opens it again for twice as long (at
-most an hour) and gives the probe its attempt back, so a consumer that is down for days does not
-push its jobs into the dead-letter queue one probe at a time.
+After BROKER_CIRCUIT_FAILURE_THRESHOLD attempts in a row find the consumer unavailable (no
+answer, a 5xx, 429 or 408: jobs/retry.py `is_unavailable`), its circuit opens for
+BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs, so none of them uses an attempt.
+When the cooldown is over the circuit is half-open: the claim takes one job, the probe. Any answer
+that is not unavailability (a 2xx, or a 4xx of the consumer's own) closes the circuit; an
+unavailable probe opens it again for twice as long (at most an hour) and gets its attempt back,
+so a consumer that is down for days does not push its jobs into the dead-letter queue one probe
+at a time (they expire after their age limit instead: jobs/expiry.py).
 
 The state lives in three consumer columns, changed with conditional UPDATEs in the transaction
 that records the attempts; the claim reads them (jobs/dispatch.py).

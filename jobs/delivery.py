@@ -6,6 +6,7 @@ import asyncio
 import calendar
 import logging
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -90,11 +91,11 @@ async def deliver(
         data = ReportingBody(request.body, on_sent) if on_sent else request.body
         return await _post(session, request, data, request.headers, timeout)
     except Exception as exc:
-        # The type and traceback only: the message may quote a header or the URL.
-        logger.error(
-            "delivery of job %s failed with %s", request.job_id, type(exc).__name__, exc_info=True
-        )
-        return _unanswered(request, REQUEST_ERROR, f"the request failed: {_one_line(exc)}")
+        # The traceback's frames, with the message as `describe_error` gives it (without the URL).
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        error = describe_error(exc)
+        logger.error("delivery of job %s failed: %s\n%s", request.job_id, error, frames)
+        return _unanswered(request, REQUEST_ERROR, f"the request failed: {error}")
 
 
 def delivery_session(concurrency: int) -> aiohttp.ClientSession:
@@ -143,7 +144,7 @@ async def _post(
         error_class, error = "timeout", f"no answer within {timeout:g} s"
     except (aiohttp.ClientError, OSError) as exc:  # OSError: refused by the address guard
         error_class = "unsafe-callback" if is_refusal(exc) else "connection"
-        error = _one_line(exc)
+        error = describe_error(exc)
     else:
         ok = 200 <= status < 300
         error_class, error = ("", "") if ok else ("http-status", f"HTTP {status}")
@@ -190,8 +191,8 @@ async def _deliver_stored(
     except PayloadMissing as exc:
         return _unanswered(request, PAYLOAD_MISSING, str(exc))
     except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
-        logger.warning("cannot read offloaded payload %s: %s", stored.name, _one_line(exc))
-        return _unanswered(request, STORAGE_ERROR, f"payload storage: {_one_line(exc)}")
+        logger.warning("cannot read offloaded payload %s: %s", stored.name, describe_error(exc))
+        return _unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
     headers = {**request.headers, **file_headers}
     try:
         return await _post(session, request, _chunks_of(file, on_sent), headers, timeout)
@@ -298,9 +299,9 @@ def storable_text(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
-def _one_line(exc: BaseException) -> str:
-    """The exception for `last_error` and the attempt's record, without the callback URL that
-    aiohttp puts in some messages: its userinfo or query may carry a secret."""
+def describe_error(exc: BaseException) -> str:
+    """The exception in one line for `last_error` and the logs, without the callback URL that
+    aiohttp puts in some messages (its userinfo or query may carry a secret), nor NULs."""
     if isinstance(exc, aiohttp.ClientResponseError):
         text = f"{type(exc).__name__}: {exc.status}, {exc.message}"
     elif isinstance(exc, aiohttp.InvalidURL):

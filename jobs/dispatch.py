@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +38,7 @@ import broker
 from broker.conf import broker_settings
 from broker.models import Message
 from broker.periodic import run_due_ticks
+from broker.publishing import is_refused_metadata_header
 from broker.scheduling import RELEASE_BATCH, release_due_messages
 from consumers.models import Consumer
 from jobs import circuit
@@ -47,12 +49,12 @@ from jobs.delivery import (
     StoredBody,
     deliver,
     delivery_session,
-    storable_text,
+    describe_error,
 )
 from jobs.expiry import expire_old_jobs
 from jobs.leases import sweep_expired_leases
 from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
-from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
+from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job, JobQuerySet
 from jobs.retry import Outcome, Verdict, decide
 from jobs.signing import chunked_signature_headers, signature_headers
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, check_transition
@@ -64,7 +66,9 @@ CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 USER_AGENT = f"webhook-broker-django/{broker.__version__}"
 DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER = 100
+POLICY_FIELDS = ("retry_delays", "non_retryable_statuses")  # what jobs/retry.py reads
 HOUSEKEEPING_SECONDS = 5.0  # heartbeat and lease sweep
+EXPIRY_SECONDS = 60.0  # jobs past their age limit (jobs/expiry.py)
 RELEASE_SECONDS = 0.5  # scheduled messages and periodic ticks: released within a second
 SHUTDOWN_MESSAGE = "dispatcher stopped before the consumer answered"
 
@@ -91,6 +95,7 @@ class Dispatcher:
         self._consumers: dict[int, Consumer] = {}  # decrypted, as of their changed_at
         self._finished: list[AttemptResult] = []  # kept until recorded, across database outages
         self._recording = 0  # results being recorded right now
+        self._next_expiry = 0.0  # monotonic time of the next expiry sweep
         # Two database threads (started on first use), each with its own connection, so that
         # recording outcomes never holds up the next claim. SQLite has one writer at a time:
         # there one thread does both.
@@ -113,12 +118,18 @@ class Dispatcher:
         consumers = self._consumers_as_of(claimed)
         requests, unsendable = [], []
         for job in claimed:
+            consumer = consumers.get(job.consumer_id)
             try:
-                requests.append(delivery_request(job, consumers[job.consumer_id], now))
+                if consumer is None:
+                    raise UnreadableConsumer(job.consumer_id)
+                requests.append(delivery_request(job, consumer, now))
             except Exception as exc:  # this job's request alone cannot be made
-                logger.error("cannot build the request of job %s", job.job_id, exc_info=True)
+                logger.error("cannot build the request of job %s: %s", job.job_id, exc)
                 unsendable.append(_unsendable(job, exc))
-        self.complete(unsendable)  # failed attempts like any other, recorded at once
+        try:
+            self.complete(unsendable)  # failed attempts like any other, recorded at once
+        except CONNECTION_ERRORS:  # the requests are claimed: they go out; leases see to these
+            logger.warning("could not record %d unsendable jobs", len(unsendable))
         return requests
 
     def _consumers_as_of(self, claimed: list[ClaimedJob]) -> dict[int, Consumer]:
@@ -142,7 +153,8 @@ class Dispatcher:
 
         Should that fail for anything but a lost connection (a bug, a value the database
         refuses), each result is recorded on its own: one that cannot be recorded keeps only its
-        own job INFLIGHT, until the lease sweep returns it to the queue (or the DLQ).
+        own job INFLIGHT, until the lease sweep returns it to the queue (or the DLQ). A
+        connection lost meanwhile raises UnrecordedOutcomes with those not recorded yet.
         """
         results = list(results)
         try:
@@ -152,14 +164,22 @@ class Dispatcher:
         except Exception:
             logger.exception("recording %d delivery outcomes failed", len(results))
             if len(results) > 1:
-                for result in results:
-                    self.complete([result])
+                self._complete_one_by_one(results)
+
+    def _complete_one_by_one(self, results: list[AttemptResult]) -> None:
+        for done, result in enumerate(results):
+            try:
+                self.complete([result])
+            except CONNECTION_ERRORS as exc:
+                _drop_connection()
+                raise UnrecordedOutcomes(results[done:]) from exc
 
     def _complete_batch(self, results: list[AttemptResult]) -> None:
         if not results:
             return
         now = timezone.now()
-        outcomes = {r.job_id: decide(r, self._policy(r.consumer_id), now) for r in results}
+        policies = self._policies({r.consumer_id for r in results})
+        outcomes = {r.job_id: decide(r, policies[r.consumer_id], now) for r in results}
         delivered = [r for r in results if outcomes[r.job_id].verdict is Verdict.DELIVERED]
         failed = [r for r in results if outcomes[r.job_id].verdict is not Verdict.DELIVERED]
         # Consumers that answered, and not with "unavailable": they are up (SPEC §6.4).
@@ -178,11 +198,15 @@ class Dispatcher:
         self.delivered += len(delivered)
         self.failed += len(failed)
 
-    def _policy(self, consumer_id: int) -> Consumer:
-        """The consumer whose retry policy applies: as it was at the claim."""
-        if consumer_id not in self._consumers:  # only when a caller completes what it did not claim
-            self._consumers.update(Consumer.objects.in_bulk([consumer_id]))
-        return self._consumers.get(consumer_id) or Consumer()  # deleted: global defaults
+    def _policies(self, consumer_ids: set[int]) -> dict[int, Consumer]:
+        """The consumers whose retry policies apply, as they were at the claim. One this
+        dispatcher did not load (a caller completes what it did not claim, or the row could not
+        be read) is read for its policy alone, no secret decrypted; a deleted one has the
+        global defaults."""
+        policies = {pk: self._consumers[pk] for pk in consumer_ids if pk in self._consumers}
+        if missing := consumer_ids - policies.keys():
+            policies.update(Consumer.objects.only(*POLICY_FIELDS).in_bulk(missing))
+        return {pk: policies.get(pk) or Consumer() for pk in consumer_ids}
 
     def _record_failures(
         self,
@@ -237,8 +261,13 @@ class Dispatcher:
         )
 
     def sweep(self) -> int:
-        """Expired leases back to the queue, and jobs past their age limit to the DLQ."""
-        return sweep_expired_leases() + expire_old_jobs()
+        """Expired leases back to the queue; once a minute, jobs past their age limit to the DLQ
+        (a limit counts in days, and its sweep makes a query per consumer)."""
+        moved = sweep_expired_leases()
+        if time.monotonic() >= self._next_expiry:
+            moved += expire_old_jobs()
+            self._next_expiry = time.monotonic() + EXPIRY_SECONDS
+        return moved
 
     def release_due(self) -> int:
         """Release due scheduled messages and publish due periodic ticks (SPEC §5: every
@@ -323,8 +352,7 @@ class Dispatcher:
                 continue
             done = [task for task in in_flight if task.done()]
             for task in done:
-                self._finished.append(task.result())
-                del in_flight[task]
+                self._finished.append(_result_of(task, in_flight.pop(task)))
             if self._finished and not _running(recording):
                 recording = asyncio.create_task(self._record(self._finished))
                 recording.add_done_callback(lambda _: self._wake.set())
@@ -344,8 +372,8 @@ class Dispatcher:
         self._recording = len(results)
         try:
             await self._db(self.complete, results, thread=self._recorder)
-        except DatabaseDown:
-            self._finished[:0] = results
+        except (DatabaseDown, UnrecordedOutcomes) as exc:
+            self._finished[:0] = exc.results if isinstance(exc, UnrecordedOutcomes) else results
             await asyncio.sleep(self.config.poll_seconds)
         finally:
             self._recording = 0
@@ -386,7 +414,7 @@ class Dispatcher:
         queue without using an attempt.
         """
         done, pending = await asyncio.wait(in_flight, timeout=self.config.grace_seconds)
-        self._finished += [task.result() for task in done]
+        self._finished += [_result_of(task, in_flight[task]) for task in done]
         unsent = []
         for task in pending:
             task.cancel()
@@ -446,6 +474,25 @@ class BrokenDatabase(Exception):
     """The database answers, but not as this version needs (tables or columns missing)."""
 
 
+class UnrecordedOutcomes(Exception):
+    """The connection was lost while outcomes were recorded one by one: these were not."""
+
+    def __init__(self, results: list[AttemptResult]) -> None:
+        super().__init__(f"{len(results)} outcomes not recorded")
+        self.results = results
+
+
+class UnreadableConsumer(LookupError):
+    def __init__(self, consumer_id: int) -> None:
+        super().__init__(f"consumer {consumer_id} cannot be read (see the dispatcher's log)")
+
+
+def _result_of(task: asyncio.Task[AttemptResult], request: DeliveryRequest) -> AttemptResult:
+    """A finished delivery's result; `deliver` never raises, but a task cancelled from outside
+    (by aiohttp, say) counts as cut off rather than ending the loop."""
+    return _cut_off(request) if task.cancelled() else task.result()
+
+
 def _running(task: asyncio.Task[None] | None) -> bool:
     return task is not None and not task.done()
 
@@ -471,7 +518,7 @@ def _unsendable(job: ClaimedJob, exc: Exception) -> AttemptResult:
         timezone.now(),
         0.0,
         error_class=REQUEST_ERROR,
-        error=storable_text(f"the request could not be made: {type(exc).__name__}: {exc}"[:500]),
+        error=f"the request could not be made: {describe_error(exc)}",
     )
 
 
@@ -729,7 +776,7 @@ def _cap(consumer: Consumer) -> int:
 
 def _apply(result: AttemptResult, outcome: Outcome) -> None:
     """One failed attempt's outcome: its job QUEUED again at its due time, or DEAD."""
-    jobs = Job.objects.filter(pk=result.job_id)
+    jobs = _still_ours(result)
     if outcome.verdict is Verdict.RETRY:
         jobs.transition(
             INFLIGHT,
@@ -743,6 +790,12 @@ def _apply(result: AttemptResult, outcome: Outcome) -> None:
         jobs.transition(INFLIGHT, DEAD, lease_expires_at=None, last_error=outcome.reason)
     if outcome.pause_consumer:
         Consumer.objects.filter(pk=result.consumer_id).update(paused=True)
+
+
+def _still_ours(result: AttemptResult) -> JobQuerySet:
+    """The result's job if it still holds the claim the result is of: a job whose lease expired
+    and that another dispatcher took again has one more attempt, and is left to that holder."""
+    return Job.objects.filter(pk=result.job_id, attempts=result.attempt)
 
 
 def delivery_request(job: ClaimedJob, consumer: Consumer, now: datetime) -> DeliveryRequest:
@@ -785,18 +838,24 @@ def _stored_body(job: ClaimedJob, consumer: Consumer) -> StoredBody:
 
 
 def _metadata(kept: dict[str, str], reserved: set[str]) -> dict[str, str]:
-    """The producer's kept headers, minus any that would shadow the broker's own (any case).
+    """The producer's kept headers, minus any that would shadow the broker's own (any case),
+    such as Content-Type and User-Agent.
 
-    Headers that are never safe to send (framing, credentials, X-Broker-*, webhook-*) are refused
-    at publish and never stored (broker/publishing.py); these are the plain ones the broker sets
-    too, such as Content-Type and User-Agent.
+    Headers that are never safe to send are refused at publish and never stored
+    (broker/publishing.py); the same rule drops any that reached the table another way (a
+    restored backup, a bulk load in SQL), which would otherwise fail every attempt.
     """
-    return {name: value for name, value in kept.items() if name.lower() not in reserved}
+    return {
+        name: value
+        for name, value in kept.items()
+        if name.lower() not in reserved and not is_refused_metadata_header(name)
+    }
 
 
 # The common case, 2xx answers: their attempt rows and their jobs' move to DELIVERED in one
-# statement, one round trip for the whole batch. Only jobs still INFLIGHT move: one whose lease
-# expired and was swept meanwhile is left to its new holder (its duplicate delivery is the
+# statement, one round trip for the whole batch. Only jobs still INFLIGHT under the claim the
+# result is of (the same attempt count) move: one whose lease expired and was swept, and perhaps
+# taken again, meanwhile is left to the queue or its new holder (its duplicate delivery is the
 # at-least-once price); its attempt is recorded all the same. A job deleted meanwhile (with its
 # consumer or message) gets no attempt row: `present` locks the jobs against deletion before
 # anything else touches them (a row this statement had already updated could not be locked).
@@ -806,10 +865,12 @@ WITH present AS MATERIALIZED (
 ),
 closed AS ({circuit.CLOSE_CIRCUITS_SQL}),
 moved AS (
-    UPDATE {_JOB}
+    UPDATE {_JOB} j
     SET status = %(delivered)s, status_changed_at = %(now)s, lease_expires_at = NULL,
         last_error = ''
-    WHERE id IN (SELECT id FROM present) AND status = %(inflight)s
+    FROM unnest(%(jobs)s::bigint[], %(attempts)s::int[]) AS claimed(id, attempts)
+    WHERE j.id = claimed.id AND j.attempts = claimed.attempts
+        AND j.id IN (SELECT id FROM present) AND j.status = %(inflight)s
 )
 INSERT INTO {DeliveryAttempt._meta.db_table} (job_id, attempt_number, started_at, duration_ms,
     status_code, error_class, response_excerpt, dispatcher_id)
@@ -832,9 +893,10 @@ def _record_deliveries(results: list[AttemptResult], dispatcher_id: str, now: da
         DeliveryAttempt.objects.bulk_create(
             _attempt_row(r, dispatcher_id) for r in results if r.job_id in present
         )
-        Job.objects.filter(pk__in=present).transition(
-            INFLIGHT, DELIVERED, lease_expires_at=None, last_error=""
-        )
+        for result in results:
+            _still_ours(result).transition(
+                INFLIGHT, DELIVERED, lease_expires_at=None, last_error=""
+            )
         circuit.close_circuits({r.consumer_id for r in results})
         return
     with connection.cursor() as cursor:

@@ -7,7 +7,8 @@ queue (`Job.enqueued_at`: its message published or released, or the job requeued
 DEAD with a `last_error` starting with "expired", where the DLQ tools can requeue it.
 
 Pull consumers' jobs wait to be taken and do not expire; nor do those of a paused consumer, which
-an operator holds back on purpose (docs/dispatcher.md). INFLIGHT jobs finish their attempt first.
+an operator holds back on purpose, and its jobs' age starts again when it is resumed (as when a
+pull consumer becomes a push one). INFLIGHT jobs finish their attempt first. docs/dispatcher.md.
 """
 
 from __future__ import annotations
@@ -24,31 +25,44 @@ from jobs.models import Job
 from jobs.states import DEAD, QUEUED
 
 EXPIRED = "expired"
-EXPIRY_BATCH = 500
+EXPIRY_BATCH = 500  # per consumer and sweep: a sweep stays short, the next one goes on
 
 
 def expire_old_jobs(now: datetime | None = None, batch: int = EXPIRY_BATCH) -> int:
-    """Move up to `batch` jobs per age limit that are past it to DEAD; return how many moved."""
+    """Move the jobs past their age limit to DEAD; return how many moved.
+
+    One index probe per push consumer that is not paused (job_consumer_queued_age_idx), so a
+    sweep costs the same however long the queues are.
+    """
     now = now or timezone.now()
-    waiting = Job.objects.filter(
-        status=QUEUED, consumer__type=Consumer.Type.PUSH, consumer__paused=False
+    default = broker_settings.BROKER_MAX_JOB_AGE_SECONDS
+    limits = Consumer.objects.filter(type=Consumer.Type.PUSH, paused=False).values_list(
+        "pk", "max_job_age"
     )
     expired = 0
-    default = broker_settings.BROKER_MAX_JOB_AGE_SECONDS
-    if default:
-        expired += _expire(waiting.filter(consumer__max_job_age__isnull=True), default, now, batch)
-    own_limits = Consumer.objects.filter(
-        type=Consumer.Type.PUSH, paused=False, max_job_age__gt=0
-    ).values_list("pk", "max_job_age")
-    for consumer_id, seconds in own_limits:
-        if seconds:  # always, by the filter; says so to the type checker
-            expired += _expire(waiting.filter(consumer_id=consumer_id), seconds, now, batch)
+    for consumer_id, own_limit in limits:
+        seconds = default if own_limit is None else own_limit
+        if seconds:  # 0: no limit
+            expired += _expire(consumer_id, seconds, now, batch)
     return expired
 
 
-def _expire(jobs: QuerySet[Job], seconds: int, now: datetime, batch: int) -> int:
+def restart_age(consumer: Consumer, now: datetime | None = None) -> int:
+    """Count the age of the consumer's waiting jobs from now (it was resumed, or became a push
+    consumer): time it could not receive in is not held against them."""
+    return Job.objects.filter(consumer=consumer, status=QUEUED).update(
+        enqueued_at=now or timezone.now()
+    )
+
+
+def waiting_since_before(consumer_id: int, cutoff: datetime) -> QuerySet[Job]:
+    """The consumer's QUEUED jobs that joined the queue before `cutoff`."""
+    return Job.objects.filter(consumer_id=consumer_id, status=QUEUED, enqueued_at__lt=cutoff)
+
+
+def _expire(consumer_id: int, seconds: int, now: datetime, batch: int) -> int:
     cutoff = now - timedelta(seconds=seconds)
-    ids = list(jobs.filter(enqueued_at__lt=cutoff).values_list("pk", flat=True)[:batch])
+    ids = list(waiting_since_before(consumer_id, cutoff).values_list("pk", flat=True)[:batch])
     if not ids:
         return 0
     reason = f"{EXPIRED}: not delivered within {seconds} s of being queued"

@@ -68,8 +68,16 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 def _requeue_changes() -> dict[str, Any]:
+    """A job back in the queue as new work: no attempt used, due now, a full age limit again,
+    and no last error (it would say that the attempts were used up, or that it expired)."""
     now = timezone.now()
-    return {"attempts": 0, "next_attempt_at": now, "lease_expires_at": None, "enqueued_at": now}
+    return {
+        "attempts": 0,
+        "next_attempt_at": now,
+        "lease_expires_at": None,
+        "enqueued_at": now,
+        "last_error": "",
+    }
 
 
 class Job(models.Model):
@@ -151,9 +159,11 @@ class Job(models.Model):
             models.Index(
                 fields=["lease_expires_at"], condition=Q(status=INFLIGHT), name="job_lease_idx"
             ),
-            # Expiry (jobs/expiry.py): QUEUED jobs WHERE enqueued_at < now - their age limit.
+            # Expiry (jobs/expiry.py): one consumer's QUEUED jobs WHERE enqueued_at < its limit.
             models.Index(
-                fields=["enqueued_at"], condition=Q(status=QUEUED), name="job_queued_age_idx"
+                fields=["consumer", "enqueued_at"],
+                condition=Q(status=QUEUED),
+                name="job_consumer_queued_age_idx",
             ),
         ]
 

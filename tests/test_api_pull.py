@@ -714,7 +714,7 @@ def test_claim_sweeps_expired_leases_first(client, worker, lease_settings):
 
 @pytest.mark.parametrize(
     "body",
-    [{"limit": -1}, {"limit": "many"}, {"timeout": 0}, {"wait": 21}, {"wait": -1}],
+    [{"limit": -1}, {"limit": "many"}, {"timeout": 0}, {"wait": 3601}, {"wait": -1}],
 )
 def test_claim_rejects_bad_parameters(client, worker, body):
     job = job_for(worker)

@@ -544,7 +544,15 @@ def test_a_loopback_refusal_names_the_setting_that_allows_it(admin_client, guard
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    "url", ["http://example.com:65536/", "http://example.com:99999/", "http://example.com:0/"]
+    "url",
+    [
+        "http://example.com:65536/",
+        "http://example.com:99999/",
+        "http://example.com:0/",
+        "http://example.com:+80/",  # int() takes a sign, a URL does not
+        "http://example.com:\u0668\u0660/",  # Arabic-Indic digits: int() reads 80
+        "http://[2001:db8::1]:70000/",
+    ],
 )
 def test_a_port_outside_1_to_65535_is_refused(admin_client, url):
     response = put_consumer(admin_client, url)
@@ -555,7 +563,17 @@ def test_a_port_outside_1_to_65535_is_refused(admin_client, url):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    "url", ["ftp://example.com/", "http://exa mple.com/", "http://-bad-/", "http://a..b/", "/hook"]
+    "url",
+    [
+        "ftp://example.com/",
+        "http://exa mple.com/",
+        "http://-bad-/",
+        "http://a..b/",
+        "/hook",
+        "http://[v1.x]/",  # an IPvFuture literal, which yarl reads as the name "v1.x"
+        "http://[fe80::1%eth0]/",  # a zone ID must be written %25eth0 in a URL
+        "http://[::1/",
+    ],
 )
 def test_a_malformed_callback_url_is_refused(admin_client, url):
     response = put_consumer(admin_client, url)

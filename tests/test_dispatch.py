@@ -319,6 +319,28 @@ def test_an_outcome_for_a_job_swept_meanwhile_changes_nothing(channel, receiver,
     assert DeliveryAttempt.objects.count() == 1  # but the attempt is on record
 
 
+@pytest.mark.parametrize("answer", [200, 503])
+def test_a_late_outcome_leaves_a_job_taken_again_to_its_new_holder(
+    answer, channel, receiver, dispatcher
+):
+    """The first dispatcher's lease ran out and another took the job again: the first one's
+    outcome, recorded late, must not move the job that the second one now holds."""
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(answer)
+    publish(channel, b"x", producer="shop")
+    late = send(dispatcher.claim(10))
+    later = timezone.now() + timedelta(minutes=5)
+    with time_machine.travel(later, tick=False):
+        dispatcher.sweep()
+        [again] = Dispatcher(DispatcherConfig(dispatcher_id="other")).claim(10)
+
+    dispatcher.complete(late)
+
+    job = Job.objects.get()
+    assert (job.status, job.attempts) == (INFLIGHT, again.attempt)  # still the other's claim
+    assert DeliveryAttempt.objects.count() == 1  # the late attempt is on record all the same
+
+
 def test_heartbeat_row_is_kept_and_removed(dispatcher):
     dispatcher.delivered = 3
     dispatcher.beat(in_flight=7)

@@ -7,11 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.db import connection
+from django.utils import timezone
 
 from broker import publish
+from broker.models import Message
 from consumers.models import Consumer
+from consumers.services import pause_consumer
 from jobs.dispatch import Dispatcher
-from jobs.expiry import expire_old_jobs
+from jobs.expiry import expire_old_jobs, waiting_since_before
 from jobs.models import Job
 from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.conftest import FORM
@@ -154,3 +158,78 @@ def test_a_bad_max_job_age_is_refused_naming_it(value, channel, admin_client):
     assert response.status_code == 400
     assert "maxJobAge" in response.content.decode()
     assert not Consumer.objects.exists()
+
+
+def test_a_resumed_consumer_gives_its_waiting_jobs_a_full_age_again(channel):
+    consumer = held(channel, paused=True)
+    publish_at(channel)
+    assert expire_at(PUBLISHED + 4 * DAY) == 0  # paused: held on purpose
+
+    with time_machine.travel(PUBLISHED + 4 * DAY, tick=False):
+        pause_consumer(channel.pk, consumer.public_id, paused=False)
+
+    assert expire_at(PUBLISHED + 6 * DAY) == 0
+    assert expire_at(PUBLISHED + 7 * DAY + timedelta(seconds=1)) == 1
+
+
+def test_a_pull_consumer_turned_push_gives_its_jobs_a_full_age(channel, admin_client):
+    make_consumer(channel, "worker", type=Consumer.Type.PULL)
+    publish_at(channel)
+
+    url = f"/channel/{channel.pk}/consumer/worker"
+    with time_machine.travel(PUBLISHED + 10 * DAY, tick=False):
+        response = admin_client.put(
+            url,
+            "callbackUrl=http://127.0.0.1:9/hook&type=push",
+            content_type=FORM,
+            headers={"If-Unmodified-Since": admin_client.get(url)["Last-Modified"]},
+        )
+    assert response.status_code == 200, response.content
+
+    assert expire_at(PUBLISHED + 11 * DAY) == 0
+    assert expire_at(PUBLISHED + 13 * DAY + timedelta(seconds=1)) == 1
+
+
+def test_a_requeued_job_no_longer_says_why_it_died(channel):
+    held(channel)
+    publish_at(channel)
+    expire_at(PUBLISHED + 4 * DAY)
+
+    Job.objects.get().requeue()
+
+    job = Job.objects.get()
+    assert (job.status, job.last_error, job.attempts) == (QUEUED, "", 0)
+
+
+@pytest.mark.postgres
+def test_the_expiry_probe_reads_the_consumers_age_index_whatever_the_backlog(channel):
+    """100,000 young QUEUED jobs and 100,000 delivered ones: the probe for old jobs must go
+    through job_consumer_queued_age_idx and find nothing without reading them."""
+    consumer = held(channel)
+    now = timezone.now()  # the test's clock, which may not be the database server's
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO {Message._meta.db_table} (channel_id, producer_id, public_id, payload,
+                content_type, headers, priority, status, received_at, ordering_key, payload_size,
+                payload_file)
+            SELECT %s, 'shop', 'bulk-' || n, '\\x7b7d', 'application/json', '{{}}', 0,
+                'DISPATCHED', %s, '', 2, ''
+            FROM generate_series(1, 200000) AS n""",  # noqa: S608
+            [channel.pk, now],
+        )
+        cursor.execute(
+            f"""INSERT INTO {Job._meta.db_table} (message_id, consumer_id, status, priority,
+                ordering_key, attempts, next_attempt_at, incremental_timeout, last_error,
+                created_at, status_changed_at, enqueued_at)
+            SELECT id, %s, CASE WHEN id %% 2 = 0 THEN 'QUEUED' ELSE 'DELIVERED' END, 0, '', 0,
+                received_at, 0, '', received_at, received_at, received_at
+            FROM {Message._meta.db_table}""",  # noqa: S608
+            [consumer.pk],
+        )
+        cursor.execute("ANALYZE")
+
+    cutoff = now - 3 * DAY
+    plan = waiting_since_before(consumer.pk, cutoff).values_list("pk", flat=True)[:500].explain()
+
+    assert "job_consumer_queued_age_idx" in plan, plan
+    assert "Seq Scan" not in plan, plan

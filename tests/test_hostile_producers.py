@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from broker import publish
 from broker.models import Message, PeriodicMessage
 from broker.publishing import InvalidMessage, is_refused_metadata_header
+from consumers.models import Consumer
 from jobs.dispatch import Dispatcher
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED, INFLIGHT
@@ -50,6 +51,9 @@ REFUSED = [
     "Content-Length",
     "Authorization",
     "COOKIE",
+    "Forwarded",
+    "X-Forwarded-For",
+    "x-real-ip",
     "X-Broker-Producer-Token",
     "x-broker-channel-token",
     "webhook-signature",
@@ -145,7 +149,12 @@ def test_headers_stored_before_the_rule_are_dropped_by_the_migration(channel):
         public_id="old",
         payload=b"x",
         content_type="text/plain",
-        headers={"X-Broker-Producer-Token": "producer-token", "Cookie": "c", "X-Tenant": "t1"},
+        headers={
+            "X-Broker-Producer-Token": "producer-token",
+            "Cookie": "c",
+            "X-Forwarded-For": "10.0.0.1",
+            "X-Tenant": "t1",
+        },
         received_at="2026-01-01T00:00:00Z",
     )
     PeriodicMessage.objects.create(
@@ -182,7 +191,7 @@ header_values = st.one_of(
 def test_generated_metadata_headers_are_refused_or_kept_and_delivered(
     headers, client, channel, receiver
 ):
-    if not Job.objects.exists():  # the first case: the consumer all cases deliver to
+    if not Consumer.objects.exists():  # the first case: the consumer all cases deliver to
         consumer = make_consumer(channel)
         consumer.callback_url = receiver.url()
         consumer.save()
@@ -203,3 +212,31 @@ def test_generated_metadata_headers_are_refused_or_kept_and_delivered(
     assert not Job.objects.filter(status=INFLIGHT).exists()
     assert DeliveryAttempt.objects.count() == Job.objects.count()
     assert set(Job.objects.values_list("status", flat=True)) <= {DELIVERED}
+
+
+def test_the_dispatcher_drops_refused_headers_that_reached_the_table_another_way(channel, receiver):
+    """A row written around publish() (a restored backup, a bulk load in SQL) with a header the
+    rule refuses: the request goes out without it, rather than failing every attempt."""
+    consumer = make_consumer(channel)
+    consumer.callback_url = receiver.url()
+    consumer.save()
+    message = publish(channel, b"x", producer="shop", headers={"X-Tenant": "t1"})
+    Message.objects.filter(pk=message.pk).update(
+        headers={"X-Tenant": "t1", "Transfer-Encoding": "chunked", "X-Broker-Producer-Token": "p"}
+    )
+
+    run_once(Dispatcher())
+
+    [request] = receiver.received
+    assert request.headers["X-Broker-Metadata-Headers"] == "X-Tenant"
+    sent = {name.lower() for name in request.headers}
+    assert "x-broker-producer-token" not in sent
+    assert "transfer-encoding" not in sent
+    assert Job.objects.get().status == DELIVERED
+
+
+def test_a_renamed_consumer_token_header_is_refused_too(channel, settings):
+    settings.BROKER_CONSUMER_TOKEN_HEADER = "X-Consumer-Key"
+
+    with pytest.raises(InvalidMessage, match="'x-consumer-key' is never kept"):
+        publish(channel, b"x", producer="shop", headers={"x-consumer-key": "forged"})

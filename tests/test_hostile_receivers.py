@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.db import connection
 from hypothesis import given
 
 from broker import publish
@@ -40,6 +41,7 @@ from tests.receiver import Receiver, Reply
 pytestmark = pytest.mark.django_db
 
 TIMEOUT = 1  # seconds; a receiver that never answers costs this much per case
+PATIENT = 60  # seconds; for the consumers that must be delivered, on however loaded a machine
 DELAYS = [3600, 7200]  # nothing delivered by a test comes due again within it
 CASES = itertools.count()
 OUTCOMES: Counter[str] = Counter()
@@ -79,19 +81,24 @@ def new_channel() -> Channel:
     return make_channel(f"case-{next(CASES)}")
 
 
-def deliver_all(requests: list[DeliveryRequest]) -> list[AttemptResult]:
-    """Deliver concurrently over the dispatcher's session, as its loop does."""
+def deliver_all(requests: list[DeliveryRequest], patient: set[int]) -> list[AttemptResult]:
+    """Deliver concurrently over the dispatcher's session, as its loop does. Consumers in
+    `patient` get a timeout no loaded machine reaches (they must be delivered), the others
+    TIMEOUT (whether they time out does not matter: they must end with a recorded attempt)."""
 
     async def all_of_them() -> list[AttemptResult]:
         async with delivery_session(len(requests) or 1) as session:
-            sends = (deliver(session, request, TIMEOUT) for request in requests)
+            sends = (
+                deliver(session, request, PATIENT if request.consumer_id in patient else TIMEOUT)
+                for request in requests
+            )
             return list(await asyncio.gather(*sends))
 
     return asyncio.run(all_of_them())
 
 
-def one_pass(dispatcher: Dispatcher) -> list[AttemptResult]:
-    results = deliver_all(dispatcher.claim(100))
+def one_pass(dispatcher: Dispatcher, *patient: Consumer) -> list[AttemptResult]:
+    results = deliver_all(dispatcher.claim(100), {consumer.pk for consumer in patient})
     dispatcher.complete(results)
     return results
 
@@ -112,7 +119,7 @@ def test_whatever_a_receiver_answers_ends_as_a_recorded_attempt_of_its_job(scrip
     polite = consumer_at(channel, "polite", faulty_receiver.url("/ok"))
     message = publish(channel, b'{"order": 1}', producer="shop")
 
-    results = one_pass(Dispatcher(DispatcherConfig(dispatcher_id="property")))
+    results = one_pass(Dispatcher(DispatcherConfig(dispatcher_id="property")), polite)
 
     jobs = {job.consumer_id: job for job in Job.objects.filter(message=message)}
     assert jobs[polite.pk].status == DELIVERED
@@ -170,11 +177,11 @@ def test_a_503_with_a_hostile_retry_after_is_retried_no_later_than_the_longest_d
         b"HTTP/1.1 503 Busy\r\nRetry-After: " + retry_after.encode() + b"\r\n"
         b"Content-Length: 0\r\n\r\n"
     )
-    consumer_at(channel, "hostile", faulty_receiver.url(path))
+    hostile = consumer_at(channel, "hostile", faulty_receiver.url(path))
 
     with time_machine.travel(NOW, tick=False):
         publish(channel, b"x", producer="shop")
-        one_pass(Dispatcher())
+        one_pass(Dispatcher(), hostile)
 
     job = Job.objects.get(consumer__channel=channel)
     assert job.status == QUEUED
@@ -188,10 +195,10 @@ def test_nul_bytes_in_an_answer_are_recorded_without_them(faulty_receiver):
     path = f"/{channel.pk}"
     faulty_receiver.scripts[path] = Script(b"HTTP/1.1 500 \x00\r\nContent-Length: 3\r\n\r\na\x00b")
     polite = consumer_at(channel, "polite", faulty_receiver.url("/ok"))
-    consumer_at(channel, "hostile", faulty_receiver.url(path))
+    hostile = consumer_at(channel, "hostile", faulty_receiver.url(path))
     publish(channel, b"x", producer="shop")
 
-    one_pass(Dispatcher())
+    one_pass(Dispatcher(), polite, hostile)
 
     [attempt] = DeliveryAttempt.objects.filter(job__consumer__public_id="hostile")
     assert attempt.status_code == 500
@@ -207,10 +214,10 @@ def test_a_compressed_answer_is_not_inflated(faulty_receiver):
     faulty_receiver.scripts[path] = Script(
         b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 9\r\n\r\nnot-gzip!"
     )
-    consumer_at(channel, "hostile", faulty_receiver.url(path))
+    hostile = consumer_at(channel, "hostile", faulty_receiver.url(path))
     publish(channel, b"x", producer="shop")
 
-    one_pass(Dispatcher())
+    one_pass(Dispatcher(), hostile)
 
     job = Job.objects.get(consumer__channel=channel)
     assert job.status == DELIVERED
@@ -226,12 +233,37 @@ def test_a_consumer_whose_request_cannot_be_made_fails_alone(receiver):
     Consumer.objects.filter(pk=broken.pk).update(signing_secret="whsec_not*base64")
     publish(channel, b"x", producer="shop")
 
-    one_pass(Dispatcher())
+    one_pass(Dispatcher(), polite)
 
     broken_job = Job.objects.get(consumer=broken)
     assert broken_job.status == QUEUED
     assert broken_job.last_error.startswith("the request could not be made: InvalidSecret")
     assert DeliveryAttempt.objects.get(job=broken_job).error_class == "request-error"
+    assert Job.objects.get(consumer=polite).status == DELIVERED
+    assert receiver.paths() == ["/polite"]
+
+
+def test_a_consumer_whose_row_cannot_be_read_fails_alone_and_is_recorded(receiver):
+    """A token no configured key decrypts (BROKER_ENCRYPTION_KEYS changed without the old key,
+    say): loading that consumer raises. Its jobs get a recorded request-error attempt at once;
+    the other consumers' jobs go out."""
+    channel = new_channel()
+    unreadable = consumer_at(channel, "unreadable", receiver.url("/unreadable"))
+    polite = consumer_at(channel, "polite", receiver.url("/polite"))
+    with connection.cursor() as cursor:  # around the field, which would encrypt the value
+        cursor.execute(
+            f"UPDATE {Consumer._meta.db_table} SET token = 'not-a-fernet-token' WHERE id = %s",  # noqa: S608
+            [unreadable.pk],
+        )
+    publish(channel, b"x", producer="shop")
+
+    one_pass(Dispatcher(), polite)
+
+    job = Job.objects.get(consumer=unreadable)
+    assert job.status == QUEUED
+    assert job.attempts == 1
+    assert job.last_error.startswith("the request could not be made: UnreadableConsumer")
+    assert DeliveryAttempt.objects.get(job=job).error_class == "request-error"
     assert Job.objects.get(consumer=polite).status == DELIVERED
     assert receiver.paths() == ["/polite"]
 

@@ -242,6 +242,42 @@ def test_a_permission_grants_its_action_and_no_other(rows):
     assert not Consumer.objects.get().paused
 
 
+IMPORTED_SECRET = "whsec_" + "A" * 43 + "="  # 32 bytes of base64
+
+
+def test_editing_a_consumer_sets_no_signing_secret_without_the_secrets_right(rows):
+    """A signing secret of one's choosing would let one sign webhooks: change_consumer alone
+    shows no secret field, and a secret posted anyway is refused, changing nothing."""
+    client = logged_in(staff("consumers.change_consumer"))
+    consumer = Consumer.objects.get(public_id="billing")
+    before = state()
+
+    form_page = client.get(f"{CONSUMER}/edit").content.decode()
+    refused = client.post(
+        f"{CONSUMER}/edit", {**edit_form(consumer), "signing_secret": IMPORTED_SECRET}
+    )
+
+    assert 'name="signing_secret"' not in form_page
+    assert refused.status_code == 403
+    assert "broker.manage_signing_secrets" in refused.content.decode()
+    assert state() == before
+    saved = client.post(f"{CONSUMER}/edit", edit_form(consumer))  # the other settings: fine
+    assert saved.status_code == 302
+    assert Consumer.objects.get(public_id="billing").name == "Renamed"
+
+
+def test_the_secrets_right_imports_a_signing_secret_in_the_settings_form(rows):
+    client = logged_in(staff("consumers.change_consumer", "broker.manage_signing_secrets"))
+    consumer = Consumer.objects.get(public_id="billing")
+
+    saved = client.post(
+        f"{CONSUMER}/edit", {**edit_form(consumer), "signing_secret": IMPORTED_SECRET}
+    )
+
+    assert saved.status_code == 302
+    assert Consumer.objects.get(public_id="billing").signing_secret == IMPORTED_SECRET
+
+
 def test_requeue_and_delete_are_separate_rights(rows):
     client = logged_in(staff("jobs.view_job", "jobs.change_job"))
     page = client.get("/ui/dead-jobs").content.decode()

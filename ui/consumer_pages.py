@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 
 from django import forms
 from django.contrib import messages
@@ -35,6 +35,7 @@ from ui.access import (
     MANAGE_SIGNING_SECRETS,
     VIEW_CONSUMERS,
     operator_view,
+    require,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class ConsumerSettingsForm(forms.Form):
         }
         if data["token"]:
             form["token"] = data["token"]
-        if data["signing_secret"]:
+        if data.get("signing_secret"):  # the field is there for users who may set it
             form["signingSecret"] = data["signing_secret"]
         return form
 
@@ -280,8 +281,8 @@ def job_counts(consumer: Consumer) -> dict[str, BoundedCount]:
 def consumer_create(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         form = NewConsumerForm(initial=inputs.valid(inputs.ChannelChoice(request.GET)))
-        return render(request, "ui/consumer_form.html", {"form": form})
-    form = NewConsumerForm(request.POST)
+        return render(request, "ui/consumer_form.html", {"form": _as_allowed(request, form)})
+    form = _as_allowed(request, NewConsumerForm(request.POST))
     if not form.is_valid():
         return render(request, "ui/consumer_form.html", {"form": form}, status=400)
     data = form.cleaned_data
@@ -298,6 +299,20 @@ def consumer_create(request: HttpRequest) -> HttpResponse:
     return no_store(render(request, "ui/consumer_created.html", {"consumer": consumer}))
 
 
+SettingsForm = TypeVar("SettingsForm", bound=ConsumerSettingsForm)
+
+
+def _as_allowed(request: HttpRequest, form: SettingsForm) -> SettingsForm:
+    """The form for this user: importing a signing secret is setting one, which needs the
+    secrets' permission (with a secret of their choosing, a user could sign webhooks). A secret
+    posted by a user without it is refused (a 403 page), never silently dropped."""
+    if not request.user.has_perm(MANAGE_SIGNING_SECRETS):
+        if request.method == "POST" and request.POST.get("signing_secret"):
+            require(request, MANAGE_SIGNING_SECRETS)
+        del form.fields["signing_secret"]
+    return form
+
+
 def _must_be_new(existing: Consumer | None) -> None:
     if existing is not None:
         raise ConsumerExists
@@ -307,9 +322,12 @@ def _must_be_new(existing: Consumer | None) -> None:
 def consumer_edit(request: HttpRequest, channel_id: str, consumer_id: str) -> HttpResponse:
     consumer = consumer_or_404(channel_id, consumer_id)
     if request.method == "GET":
-        context = {"form": EditConsumerForm.of(consumer), "consumer": consumer}
+        context = {
+            "form": _as_allowed(request, EditConsumerForm.of(consumer)),
+            "consumer": consumer,
+        }
         return render(request, "ui/consumer_form.html", context)
-    form = EditConsumerForm(request.POST)
+    form = _as_allowed(request, EditConsumerForm(request.POST))
     context = {"form": form, "consumer": consumer}
     if not form.is_valid():
         return render(request, "ui/consumer_form.html", context, status=400)

@@ -1,12 +1,21 @@
-"""Metadata headers that are never kept (broker.publishing.REFUSED_METADATA_HEADERS) leave the
-messages and periodic messages that stored them before the rule: an X-Broker-Producer-Token kept
-then would otherwise still reach pull consumers, and a periodic message would fail every tick."""
+"""Metadata headers that are never kept (broker/publishing.py, as the rule stood when this was
+written: frozen here so that later changes of the rule do not change this migration) leave the
+messages and periodic messages that stored them before it: an X-Broker-Producer-Token kept then
+would otherwise still reach pull consumers, and a periodic message would fail every tick."""
 
 from django.db import migrations
 
-from broker.publishing import is_refused_metadata_header
-
 BATCH = 1000
+REFUSED = {
+    "connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "expect", "host",
+    "content-length", "authorization", "cookie", "forwarded", "x-real-ip",
+}
+REFUSED_PREFIXES = ("proxy-", "x-forwarded-", "x-broker-", "webhook-")
+
+
+def refused(name):
+    name = name.lower()
+    return name in REFUSED or name.startswith(REFUSED_PREFIXES)
 
 
 def drop_refused_headers(apps, schema_editor):
@@ -14,7 +23,7 @@ def drop_refused_headers(apps, schema_editor):
         model = apps.get_model("broker", model_name)
         changed = []
         for row in model.objects.exclude(headers={}).only("pk", "headers").iterator(BATCH):
-            kept = {k: v for k, v in row.headers.items() if not is_refused_metadata_header(k)}
+            kept = {name: value for name, value in row.headers.items() if not refused(name)}
             if kept != row.headers:
                 row.headers = kept
                 changed.append(row)

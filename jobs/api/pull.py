@@ -33,7 +33,9 @@ DEFAULT_LIMIT, MAX_LIMIT = 25, 100
 MAX_INCREMENTAL_TIMEOUT = 86400
 # A long poll holds its worker: it must end well before gunicorn's default 30 s --timeout, which
 # kills a sync worker busy with one request that long (seen under load: a 500 and a lost worker).
+# A longer wait is shortened to this, not refused: workers written for the earlier 30 s go on.
 MAX_WAIT_SECONDS = 20
+LONGEST_WAIT_ACCEPTED = 3600
 POLL_INTERVAL_SECONDS = 0.2
 TOKEN_HEADERS = [
     OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),
@@ -85,7 +87,7 @@ class QueuedJobsView(TokenView):
 class ClaimForm(serializers.Serializer[Any]):
     limit = serializers.IntegerField(required=False, min_value=0, max_value=MAX_LIMIT)
     timeout = serializers.IntegerField(required=False, min_value=1, max_value=86400)
-    wait = serializers.FloatField(required=False, min_value=0, max_value=MAX_WAIT_SECONDS)
+    wait = serializers.FloatField(required=False, min_value=0, max_value=LONGEST_WAIT_ACCEPTED)
 
 
 class ClaimView(TokenView):
@@ -105,7 +107,7 @@ class ClaimView(TokenView):
             broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
             + broker_settings.BROKER_RATIONAL_DELAY_SECONDS,
         )
-        deadline = time.monotonic() + form.validated_data.get("wait", 0)
+        deadline = time.monotonic() + min(form.validated_data.get("wait", 0), MAX_WAIT_SECONDS)
         sweep_expired_leases()
         jobs = _claim_unless_paused(consumer, limit, lease) if limit else []
         # Long poll: hold the request until jobs arrive or `wait` runs out. A paused consumer

@@ -3,28 +3,7 @@
 import django.db.models.deletion
 from django.db import migrations, models
 
-
-class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
-    """CREATE INDEX CONCURRENTLY on PostgreSQL, so that a large attempts table keeps taking
-    inserts (deliveries) while the index is built; a plain CREATE INDEX elsewhere."""
-
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
+from jobs.migrations._concurrent_index import AddIndexConcurrentlyOnPostgres
 
 
 class Migration(migrations.Migration):
