@@ -45,6 +45,12 @@ DEFAULTS: dict[str, Any] = {
     "BROKER_BROADCAST_RATE_LIMIT": 0.0,
     # Broadcasts a producer may send at once after a quiet spell; 0: one second's worth.
     "BROKER_BROADCAST_BURST": 0,
+    # webhook-broker's gateway authentication (broker/gateway_auth.py): "none" or "hmac".
+    "BROKER_GATEWAY_AUTH_MODE": "none",
+    "BROKER_GATEWAY_HMAC_SECRET": "",  # base64
+    "BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS": 300,
+    # Path prefixes the check leaves alone (probes and Prometheus cannot sign).
+    "BROKER_GATEWAY_AUTH_EXEMPT_PATHS": ["/_status", "/metrics"],
 }
 
 

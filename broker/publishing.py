@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Mapping
 from contextlib import nullcontext
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from django.utils import timezone
 from broker import payloads
 from broker.conf import broker_settings
 from broker.models import Channel, Message, Producer, validate_message_id
+from broker.xids import new_xid
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.states import QUEUED
@@ -119,7 +119,7 @@ def publish(
     row (SPEC §6.7, broker/payloads.py). If the caller's transaction then rolls back, that file
     stays behind until `manage.py purge_orphan_payloads` removes it.
     """
-    message_id = message_id if message_id is not None else uuid.uuid4().hex
+    message_id = message_id if message_id is not None else new_xid()
     ordering_key = ordering_key or ""
     body, content_type = check_message(
         payload, message_id, priority, headers or {}, content_type, ordering_key

@@ -18,6 +18,7 @@ from broker.env import (
     env_str,
     parse_database_url,
 )
+from broker.gateway_auth import check_mode as check_gateway_mode
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -54,6 +55,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "broker.request_ids.RequestIdMiddleware",
+    "broker.gateway_auth.GatewayAuthMiddleware",  # before any other work (no-op unless enabled)
     "django.middleware.security.SecurityMiddleware",
     "ui.csp.ContentSecurityPolicyMiddleware",  # the operator UI's pages and the admin login
     "broker.api.errors.DatabaseUnavailableMiddleware",
@@ -232,6 +235,21 @@ BROKER_BROADCAST_RATE_LIMIT = env_float(
 )
 BROKER_BROADCAST_BURST = env_int(
     "BROKER_BROADCAST_BURST", DEFAULTS["BROKER_BROADCAST_BURST"], minimum=0
+)
+BROKER_GATEWAY_AUTH_MODE = (
+    env_str("BROKER_GATEWAY_AUTH_MODE", DEFAULTS["BROKER_GATEWAY_AUTH_MODE"]).strip().lower()
+)
+BROKER_GATEWAY_HMAC_SECRET = env_secret(
+    "BROKER_GATEWAY_HMAC_SECRET", DEFAULTS["BROKER_GATEWAY_HMAC_SECRET"]
+)
+check_gateway_mode(BROKER_GATEWAY_AUTH_MODE, BROKER_GATEWAY_HMAC_SECRET)
+BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS = env_int(
+    "BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS",
+    DEFAULTS["BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS"],
+    minimum=1,
+)
+BROKER_GATEWAY_AUTH_EXEMPT_PATHS = env_list(
+    "BROKER_GATEWAY_AUTH_EXEMPT_PATHS", DEFAULTS["BROKER_GATEWAY_AUTH_EXEMPT_PATHS"]
 )
 
 # Housekeeping runs as django-q2 schedules (`manage.py qcluster`, docs/housekeeping.md) with the

@@ -21,7 +21,7 @@ class DeliveryAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
     list_display = [
-        "id",
+        "public_id",
         "message",
         "consumer",
         "status",

@@ -40,6 +40,7 @@ from broker.models import Message
 from broker.periodic import run_due_ticks
 from broker.publishing import is_refused_metadata_header
 from broker.scheduling import RELEASE_BATCH, release_due_messages
+from broker.xids import new_xid
 from consumers.models import Consumer
 from jobs import circuit
 from jobs.delivery import (
@@ -812,15 +813,15 @@ def delivery_request(job: ClaimedJob, consumer: Consumer, now: datetime) -> Deli
         "X-Broker-Channel-ID": consumer.channel_id,
         "X-Broker-Consumer-ID": consumer.public_id,
         broker_settings.BROKER_CONSUMER_TOKEN_HEADER: consumer.token,
-        "X-Request-ID": uuid.uuid4().hex,
+        "X-Request-ID": new_xid(),  # new per attempt, an xid as webhook-broker's
         "User-Agent": USER_AGENT,
     }
     if stored is None:
         headers.update(signature_headers(consumer, job.message_id, job.payload, now))
     metadata = _metadata(job.headers, reserved={name.lower() for name in headers})
-    if metadata:
-        headers.update(metadata)
-        headers["X-Broker-Metadata-Headers"] = ",".join(metadata)
+    headers.update(metadata)
+    # Always sent, the names sorted, empty when there are none: as webhook-broker sends it.
+    headers["X-Broker-Metadata-Headers"] = ",".join(sorted(metadata))
     return DeliveryRequest(
         job.job_id,
         job.attempt,

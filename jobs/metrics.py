@@ -47,23 +47,18 @@ class QueueCollector(Collector):
         consumers = list(Consumer.objects.only("channel_id", "public_id", *CONSUMER_STATE))
         names = {consumer.pk: (consumer.channel_id, consumer.public_id) for consumer in consumers}
         yield from _consumer_states(consumers)
+        counts = {status: _counts_per_consumer(status) for status in self.STATES.values()}
         for name, status in self.STATES.items():
             family = GaugeMetricFamily(
                 f"broker_jobs_{name}",
                 f"Jobs {status} per consumer.",
                 labels=["channel", "consumer"],
             )
-            # Each count goes through the partial index of its status.
-            counts = (
-                Job.objects.filter(status=status)
-                .values("consumer")
-                .annotate(n=Count("pk"))
-                .values_list("consumer", "n")
-            )
-            for consumer_id, count in counts:
+            for consumer_id, count in counts[status].items():
                 if consumer_id in names:
                     family.add_metric(list(names[consumer_id]), count)
             yield family
+        yield from _upstream_names(names, counts[QUEUED], counts[DEAD])
         yield from self._dispatchers()
 
     def _dispatchers(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -87,6 +82,33 @@ class QueueCollector(Collector):
             outcomes.add_metric([beat.dispatcher_id, "delivered"], beat.delivered)
             outcomes.add_metric([beat.dispatcher_id, "failed"], beat.failed)
         yield from (in_flight, seen, outcomes)
+
+
+def _counts_per_consumer(status: str) -> dict[int, int]:
+    """Jobs in `status` per consumer key, counted through the partial index of that status."""
+    rows = (
+        Job.objects.filter(status=status)
+        .values("consumer")
+        .annotate(n=Count("pk"))
+        .values_list("consumer", "n")
+    )
+    return dict(rows)
+
+
+def _upstream_names(
+    names: dict[int, tuple[str, str]], queued: dict[int, int], dead: dict[int, int]
+) -> Iterator[GaugeMetricFamily]:
+    """webhook-broker's two gauges, so that its dashboards and alerts work unchanged
+    (docs/compatibility.md): the queue's length, and dead jobs per consumer (0 included)."""
+    queue = GaugeMetricFamily("queued_job_count", "The current number of jobs in the queue.")
+    queue.add_metric([], sum(queued.values()))
+    yield queue
+    dead_jobs = GaugeMetricFamily(
+        "dead_job_count", "Number of dead jobs per consumer.", labels=["channel", "consumer"]
+    )
+    for consumer_id, name in names.items():
+        dead_jobs.add_metric(list(name), dead.get(consumer_id, 0))
+    yield dead_jobs
 
 
 CONSUMER_STATE = ["paused", "circuit_open_until", "circuit_failures"]

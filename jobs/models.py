@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import models
@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from broker.conf import broker_settings
 from broker.models import Message
+from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
 from jobs.states import (
     DEAD,
@@ -54,6 +55,18 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Deliver these DELIVERED jobs again (broker/replay.py): QUEUED, due now, attempts reset
         as by a requeue; their DeliveryAttempt rows stay, so the history shows both deliveries."""
         return self.transition(DELIVERED, QUEUED, **_requeue_changes())
+
+    def with_public_id(self, public_id: str) -> JobQuerySet:
+        """The job named by `public_id` (Job.public_id), found by its primary key; none if the ID
+        is malformed or names another job's key with a different creation second."""
+        parts = key_of_xid(public_id)
+        if parts is None:
+            return self.none()
+        seconds, key = parts
+        created = datetime.fromtimestamp(seconds, tz=UTC)
+        return self.filter(
+            pk=key, created_at__gte=created, created_at__lt=created + timedelta(seconds=1)
+        )
 
     def heads_of_their_keys(self) -> JobQuerySet:
         """Only jobs with no earlier pending (QUEUED or INFLIGHT) job of the same consumer and
@@ -168,11 +181,12 @@ class Job(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"job {self.pk} ({self.status})"
+        return f"job {self.public_id} ({self.status})"
 
     @property
     def public_id(self) -> str:
-        return str(self.pk)
+        """Its ID on every public surface: an xid of its creation second and key (broker/xids)."""
+        return job_public_id(self.pk, self.created_at)
 
     def start(self, incremental_timeout: int = 0) -> None:
         """QUEUED or DEAD -> INFLIGHT under a lease; uses up one attempt."""
@@ -338,3 +352,8 @@ class DeliveryReport(models.Model):
     def __str__(self) -> str:
         period = f"{self.period_start:%Y-%m-%d %H:%M}"
         return f"{self.channel_id}/{self.consumer_id} {self.grain} {period}"
+
+
+def job_public_id(key: int, created_at: datetime) -> str:
+    """Job.public_id from a row's key and creation time (for queries that fetch only those)."""
+    return public_key_xid(created_at.timestamp(), key)

@@ -266,7 +266,7 @@ def claim(client, **form) -> list[str]:
 
 def move(client, job: Job, state: str):
     return client.post(
-        f"/channel/orders/consumer/worker/job/{job.pk}",
+        f"/channel/orders/consumer/worker/job/{job.public_id}",
         json.dumps({"NextState": state}),
         content_type=JSON,
         headers=PULL_TOKENS,

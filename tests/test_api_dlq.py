@@ -102,17 +102,17 @@ def test_lists_only_this_consumers_dead_jobs(client, channel, worker):
         jobs_of(worker, status=status)
     jobs_of(make_consumer_with_token(channel, "other", token="other-token"))
 
-    assert sorted(listed(client.get(DLQ, headers=ADMIN))) == sorted(str(job.pk) for job in dead)
+    assert sorted(listed(client.get(DLQ, headers=ADMIN))) == sorted(job.public_id for job in dead)
 
 
 def test_a_dead_job_is_shown_with_webhook_brokers_fields(client, worker):
     (job,) = jobs_of(worker, at=T0)
-    prefix = f"/channel/orders/consumer/worker/job/{job.pk}"
+    prefix = f"/channel/orders/consumer/worker/job/{job.public_id}"
 
     item = client.get(DLQ, headers=ADMIN).json()["DeadJobs"][0]
 
     assert item["ListenerEndpoint"] == "http://127.0.0.1:9/worker"
-    assert item["ListenerName"] == "worker"
+    assert item["ListenerName"] == worker.name  # as webhook-broker: the name, not the ID
     assert item["Status"] == "DEAD"
     assert datetime.fromisoformat(item["StatusChangedAt"]) == T0
     assert item["MessageURL"] == f"/channel/orders/message/{job.message.public_id}"
@@ -134,7 +134,7 @@ def test_listing_an_unknown_consumer_is_404(client, worker, url):
 def test_pages_hold_25_newest_first_and_their_links_lead_both_ways(client, worker):
     # Three jobs die at each instant, so the job ID has to break ties.
     dead = [job for n in range(10) for job in jobs_of(worker, 3, at=T0 + timedelta(seconds=n))]
-    newest_first = [str(job.pk) for job in sorted(dead, key=lambda job: -job.pk)]
+    newest_first = [job.public_id for job in sorted(dead, key=lambda job: -job.pk)]
 
     first = client.get(DLQ, headers=ADMIN).json()
     assert [item["ID"] for item in first["DeadJobs"]] == newest_first[:25]
@@ -161,7 +161,7 @@ def test_a_job_dying_while_paging_does_not_shift_the_next_page(client, worker):
 
     second = client.get(first["Pages"]["next"], headers=ADMIN).json()
 
-    assert [item["ID"] for item in second["DeadJobs"]] == [str(dead[0].pk)]
+    assert [item["ID"] for item in second["DeadJobs"]] == [dead[0].public_id]
 
 
 @pytest.mark.parametrize("tamper", ["flip", "garbage", "both"])
@@ -415,7 +415,7 @@ def test_dlq_status_follows_requeue_and_purge_at_once(client, worker):
 
     assert dead_count() == [2]
     response = client.post(
-        f"/channel/orders/consumer/worker/job/{first.pk}/requeue-dead-job", headers=tokens()
+        f"/channel/orders/consumer/worker/job/{first.public_id}/requeue-dead-job", headers=tokens()
     )
     assert response.status_code == 202
     assert dead_count() == [1]
@@ -434,13 +434,15 @@ def test_job_status_counts_jobs_per_channel_consumer_and_status(client, worker):
     body = response.json()
     assert set(body) == {"orders"}
     assert set(body["orders"]) == {"worker"}
-    rows = {row.pop("Status"): row for row in body["orders"]["worker"]}
-    assert set(rows) == {"DEAD", "QUEUED"}
-    assert rows["DEAD"]["Count"] == 3
-    assert datetime.fromisoformat(rows["DEAD"]["OldestItemTimestamp"]) == T0
-    assert datetime.fromisoformat(rows["DEAD"]["NewestItemTimestamp"]) == T0 + timedelta(hours=1)
-    assert rows["QUEUED"]["Count"] == 1
-    assert set(rows["QUEUED"]) == {"Count", "OldestItemTimestamp", "NewestItemTimestamp"}
+    # webhook-broker's StatusCount: its JobStatus numbers (1001 QUEUED ... 1004 DEAD).
+    rows = {row.pop("status"): row for row in body["orders"]["worker"]}
+    assert set(rows) == {1004, 1001}
+    assert rows[1004]["count"] == 3
+    assert rows[1004]["statusName"] == "DEAD"
+    assert datetime.fromisoformat(rows[1004]["oldestItemTimestamp"]) == T0
+    assert datetime.fromisoformat(rows[1004]["newestItemTimestamp"]) == T0 + timedelta(hours=1)
+    assert rows[1001]["count"] == 1
+    assert set(rows[1001]) == {"count", "oldestItemTimestamp", "newestItemTimestamp", "statusName"}
 
 
 def test_summaries_of_an_empty_broker(client):

@@ -43,11 +43,11 @@ def test_a_message_with_its_jobs(admin_client, channel):
     assert body["Status"] == "DISPATCHED"
     assert body["Headers"] == {"X-Trace-Id": "abc"}
     assert body["ReceivedAt"] == body["DispatchedAt"]
-    jobs = {job["ListenerName"]: job for job in body["Jobs"]}
-    assert jobs["billing"]["Status"] == "DEAD"
-    assert jobs["billing"]["LastError"] == "HTTP 500"
-    assert jobs["billing"]["ListenerEndpoint"] == billing.callback_url
-    assert jobs["audit"]["Status"] == "QUEUED"
+    jobs = {job["ListenerName"]: job for job in body["Jobs"]}  # consumer names, as upstream
+    assert jobs["Billing"]["Status"] == "DEAD"
+    assert jobs["Billing"]["LastError"] == "HTTP 500"
+    assert jobs["Billing"]["ListenerEndpoint"] == billing.callback_url
+    assert jobs["Audit"]["Status"] == "QUEUED"
 
 
 def test_binary_payloads_are_base64(admin_client, channel):

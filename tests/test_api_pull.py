@@ -16,6 +16,7 @@ from django.db import connection
 from django.test import Client
 
 from broker import publish
+from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
 from jobs.leases import LEASE_EXPIRED, sweep_expired_leases
 from jobs.models import Job
@@ -57,7 +58,7 @@ def url(consumer_id: str = "worker", tail: str = "queued-jobs") -> str:
 
 
 def job_url(job: Job) -> str:
-    return url(job.consumer.public_id, f"job/{job.pk}")
+    return url(job.consumer.public_id, f"job/{job.public_id}")
 
 
 def job_for(consumer: Consumer, status: JobStatus = QUEUED, **publish_args) -> Job:
@@ -168,7 +169,7 @@ def test_queued_jobs_shows_each_job_with_its_message(client, worker):
     assert response.json() == {
         "Result": [
             {
-                "ID": str(job.pk),
+                "ID": job.public_id,
                 "Priority": 3,
                 "IncrementalTimeout": 0,
                 "Attempts": 0,
@@ -201,7 +202,7 @@ def test_job_shows_webhook_brokers_hyperlinked_fields(client, worker):
     body = client.get(job_url(job), headers=tokens()).json()
 
     assert body["ListenerEndpoint"] == "http://127.0.0.1:9/worker"
-    assert body["ListenerName"] == "worker"
+    assert body["ListenerName"] == worker.name
     assert body["Status"] == "QUEUED"
     assert datetime.fromisoformat(body["StatusChangedAt"]) == job.status_changed_at
     assert body["MessageURL"] == "/channel/orders/message/order-1"
@@ -226,7 +227,10 @@ def test_a_dead_job_links_to_its_requeue(client, worker):
     body = client.get(job_url(job), headers=tokens()).json()
 
     assert body["Status"] == "DEAD"
-    assert body["JobRequeueURL"] == f"/channel/orders/consumer/worker/job/{job.pk}/requeue-dead-job"
+    assert (
+        body["JobRequeueURL"]
+        == f"/channel/orders/consumer/worker/job/{job.public_id}/requeue-dead-job"
+    )
 
 
 # POST a job: transitions
@@ -445,7 +449,7 @@ def test_token_problems_are_refused_before_anything_changes(
     make_consumer_with_token(channel, "other", token="other-token")
     job = job_for(worker, DEAD)
     before = snapshot(job)
-    path = f"/channel/{channel_id}/consumer/{consumer_id}/{tail.format(job=job.pk)}"
+    path = f"/channel/{channel_id}/consumer/{consumer_id}/{tail.format(job=job.public_id)}"
     if consumer_id == "nobody" and method == "delete":
         expected = 404  # webhook-broker's DELETE endpoints answer 404 for an unknown consumer
 
@@ -461,13 +465,16 @@ def test_push_consumers_get_412_from_the_pull_endpoints(client, channel, method,
     pusher = make_consumer_with_token(channel, "pusher", type=Consumer.Type.PUSH)
     job = job_for(pusher)
 
-    response = call(client, method, url("pusher", tail.format(job=job.pk)), tokens())
+    response = call(client, method, url("pusher", tail.format(job=job.public_id)), tokens())
 
     assert response.status_code == 412
     assert snapshot(job)["status"] == QUEUED
 
 
-@pytest.mark.parametrize("job_id", ["999999", "abc", "1e3", "-1", " 1", "²", "9" * 30])
+@pytest.mark.parametrize(
+    "job_id",
+    ["999999", "abc", "1e3", "-1", " 1", "²", "9" * 30, "0000000000000000000g", "v" * 20],
+)
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
 def test_unknown_or_malformed_job_ids_are_404(client, worker, job_id, method):
     job_for(worker, DEAD)
@@ -477,15 +484,31 @@ def test_unknown_or_malformed_job_ids_are_404(client, worker, job_id, method):
     assert response.status_code == 404
 
 
+def other_spellings(job: Job) -> list[str]:
+    """Strings that decode to the job's key but are not its ID: its row key in decimal, its xid
+    in capitals (base32 decoders take them, rs/xid does not), with spare bits set in the last
+    character, and with a creation second one off."""
+    parts = key_of_xid(job.public_id)
+    assert parts is not None
+    seconds, key = parts
+    xid = job.public_id
+    return [
+        str(job.pk),
+        xid.upper(),
+        xid[:-1] + "1",
+        public_key_xid(seconds + 1, key),
+    ]
+
+
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
-def test_a_job_id_in_other_digits_is_not_read_as_that_number(client, worker, method):
+def test_a_job_is_found_only_by_its_own_id(client, worker, method):
     job = job_for(worker, DEAD)
-    arabic_indic = "".join(chr(0x0660 + int(digit)) for digit in str(job.pk))
 
-    response = call(client, method, url(tail=f"job/{arabic_indic}"), tokens())
+    for spelling in other_spellings(job):
+        response = call(client, method, url(tail=f"job/{spelling}"), tokens())
 
-    assert response.status_code == 404
-    assert snapshot(job)["status"] == DEAD
+        assert response.status_code == 404, spelling
+        assert snapshot(job)["status"] == DEAD
 
 
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
@@ -494,7 +517,7 @@ def test_another_consumers_job_is_404(client, channel, worker, method):
     job = job_for(other, DEAD)
     before = snapshot(job)
 
-    response = call(client, method, url(tail=f"job/{job.pk}"), tokens())
+    response = call(client, method, url(tail=f"job/{job.public_id}"), tokens())
 
     assert response.status_code == 404
     assert snapshot(job) == before
@@ -504,7 +527,7 @@ def test_another_consumers_dead_job_cannot_be_requeued(client, channel, worker):
     other = make_consumer_with_token(channel, "other", token="other-token")
     job = job_for(other, DEAD)
 
-    response = client.post(url(tail=f"job/{job.pk}/requeue-dead-job"), headers=tokens())
+    response = client.post(url(tail=f"job/{job.public_id}/requeue-dead-job"), headers=tokens())
 
     assert response.status_code == 404
     assert snapshot(job)["status"] == DEAD
@@ -659,7 +682,7 @@ def test_claim_takes_jobs_under_the_requested_lease(client, worker, as_json):
     assert [item["Message"]["MessageID"] for item in result] == ["m1", "m3", "m0"]
     assert set(result[0]) == {"ID", "Priority", "IncrementalTimeout", "Attempts", "Message"}
     assert {(item["Attempts"], item["IncrementalTimeout"]) for item in result} == {(1, 0)}
-    taken = Job.objects.filter(pk__in=[item["ID"] for item in result])
+    taken = [job for job in Job.objects.all() if job.public_id in {item["ID"] for item in result}]
     assert {(job.status, job.lease_expires_at) for job in taken} == {
         (INFLIGHT, T0 + timedelta(seconds=120))
     }
@@ -773,7 +796,7 @@ def test_competing_claims_never_hand_out_a_job_twice(channel, worker):
 
     assert set(statuses) == {200}
     assert len(taken) == len(set(taken)) == 200
-    assert set(taken) == {str(pk) for pk in Job.objects.values_list("pk", flat=True)}
+    assert set(taken) == {job.public_id for job in Job.objects.all()}
     assert set(Job.objects.values_list("status", "attempts")) == {(INFLIGHT, 1)}
 
 

@@ -78,7 +78,7 @@ def broker_rows(settings):
 def send(client, case: Bad):
     return client.generic(
         case.method,
-        case.path.replace("{job}", str(worker_job().pk)),
+        case.path.replace("{job}", worker_job().public_id),
         case.body,
         content_type=case.content_type or "application/octet-stream",
         headers=case.headers,
@@ -458,7 +458,7 @@ def test_unknown_fields_are_ignored_and_repeated_ones_take_the_last(client):
 def test_unknown_json_fields_change_nothing_beyond_the_transition(client):
     job = Job.objects.get(message__public_id="m-1", consumer__public_id="worker")
     response = client.post(
-        f"{WORKER}/job/{job.pk}",
+        f"{WORKER}/job/{job.public_id}",
         {"NextState": "INFLIGHT", "Attempts": 0, "Status": "DELIVERED", "consumer_id": 1},
         content_type="application/json",
         headers=PULL,

@@ -62,3 +62,19 @@ def test_metrics_report_pause_and_circuit_per_consumer(admin_client):
     assert 'broker_consumer_circuit_open{channel="orders",consumer="down"} 1.0' in text
     assert 'broker_consumer_circuit_open{channel="orders",consumer="paused"} 0.0' in text
     assert 'broker_consumer_consecutive_failures{channel="orders",consumer="down"} 7.0' in text
+
+
+def test_webhook_brokers_gauges_are_there_under_its_names_and_labels(admin_client):
+    from tests.helpers import make_channel, make_consumer
+
+    for status in (QUEUED, QUEUED, INFLIGHT, DEAD, DEAD):
+        make_job(status)
+    make_consumer(make_channel("audit", token="t"), "archive")  # no jobs at all
+
+    text = admin_client.get("/metrics").content.decode()
+
+    assert "# TYPE queued_job_count gauge" in text
+    assert "\nqueued_job_count 2.0\n" in text
+    assert "# TYPE dead_job_count gauge" in text
+    assert 'dead_job_count{channel="orders",consumer="billing"} 2.0' in text
+    assert 'dead_job_count{channel="audit",consumer="archive"} 0.0' in text

@@ -332,7 +332,8 @@ def test_read_a_scheduled_message(admin_client, channel, clock):
         {"X-Trace-Id": "abc"},
         "k",
     )
-    assert (body["dispatchSchedule"], body["dispatchedDate"]) == ("2030-01-01T12:10:00Z", None)
+    assert (body["dispatchSchedule"], body["dispatchedAt"]) == ("2030-01-01T12:10:00Z", None)
+    assert body["dispatchedDate"] is None  # the name before webhook-broker's May 2025 rename
     assert body["status"] == "SCHEDULED"
     assert body["messageURL"] == "/channel/orders/message/later-1"
 
@@ -340,7 +341,8 @@ def test_read_a_scheduled_message(admin_client, channel, clock):
     release_due_messages()
     body = admin_client.get("/channel/orders/scheduled-message/later-1").json()
 
-    assert (body["status"], body["dispatchedDate"]) == ("DISPATCHED", "2030-01-01T12:10:00Z")
+    assert (body["status"], body["dispatchedAt"]) == ("DISPATCHED", "2030-01-01T12:10:00Z")
+    assert body["dispatchedDate"] == body["dispatchedAt"]
 
 
 def test_scheduled_messages_list_and_counts(admin_client, channel, clock):
@@ -360,7 +362,7 @@ def test_scheduled_messages_list_and_counts(admin_client, channel, clock):
     assert urls() == [f"/channel/orders/scheduled-message/s-{n}" for n in (3, 2, 1)]
     assert (
         urls("?status=SCHEDULED")
-        == urls("?status=100")
+        == urls("?status=101")
         == [
             "/channel/orders/scheduled-message/s-3",
             "/channel/orders/scheduled-message/s-2",
@@ -368,10 +370,10 @@ def test_scheduled_messages_list_and_counts(admin_client, channel, clock):
     )
     assert (
         urls("?status=DISPATCHED")
-        == urls("?status=101")
+        == urls("?status=102")
         == ["/channel/orders/scheduled-message/s-1"]
     )
-    assert admin_client.get("/channel/orders/scheduled-messages?status=102").status_code == 400
+    assert admin_client.get("/channel/orders/scheduled-messages?status=103").status_code == 400
     assert admin_client.get("/channel/nope/scheduled-messages").status_code == 404
 
     counts = admin_client.get("/channel/orders/messages-status").json()
@@ -379,11 +381,11 @@ def test_scheduled_messages_list_and_counts(admin_client, channel, clock):
         "DISPATCHED": {"Count": 2, "Links": {"messages": "/channel/orders/messages?status=102"}},
         "SCHEDULED_SCHEDULED": {
             "Count": 2,
-            "Links": {"messages": "/channel/orders/scheduled-messages?status=100"},
+            "Links": {"messages": "/channel/orders/scheduled-messages?status=101"},
         },
         "SCHEDULED_DISPATCHED": {
             "Count": 1,
-            "Links": {"messages": "/channel/orders/scheduled-messages?status=101"},
+            "Links": {"messages": "/channel/orders/scheduled-messages?status=102"},
         },
     }
     assert counts["next_scheduled_message_at"] == "2030-01-01T12:11:00Z"

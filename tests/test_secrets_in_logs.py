@@ -191,7 +191,7 @@ def test_no_secret_in_logs_or_responses_except_where_it_is_set(
     for job, state in [(first, "DELIVERED"), (second, "DEAD")]:
         moved = api.call(
             "POST",
-            f"{worker}/job/{job.pk}",
+            f"{worker}/job/{job.public_id}",
             f'{{"NextState": "{state}"}}',
             content_type="application/json",
             headers=pull,

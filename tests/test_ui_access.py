@@ -61,7 +61,7 @@ def clock():
 
 
 @pytest.fixture
-def rows(clock) -> dict[str, int]:
+def rows(clock) -> dict[str, int | str]:
     """A consumer with a dead job and a delivered one, a scheduled message and a periodic
     message."""
     channel = make_channel("orders")
@@ -81,7 +81,12 @@ def rows(clock) -> dict[str, int]:
     )
     assert periodic.is_valid(), periodic.errors
     create_periodic(channel, "tick", dict(periodic.validated_data))
-    return {"job": job.pk, "message": message.pk, "delivered": delivered.pk}
+    return {
+        "job": job.public_id,
+        "job_pk": job.pk,
+        "message": message.pk,
+        "delivered": delivered.pk,
+    }
 
 
 def url(template: str, rows: dict[str, int]) -> str:
@@ -288,7 +293,7 @@ def test_requeue_and_delete_are_separate_rights(rows):
     assert delete.status_code == 403
     requeue = client.post("/ui/dead-jobs/bulk", {"action": "requeue", "job": [rows["job"]]})
     assert requeue.status_code == 302
-    assert Job.objects.get(pk=rows["job"]).status == QUEUED
+    assert Job.objects.get(pk=rows["job_pk"]).status == QUEUED
 
 
 def test_the_navigation_shows_only_the_pages_the_user_may_open(rows):
@@ -321,7 +326,7 @@ def test_broker_admins_and_superusers_can_do_everything(rows, who):
     assert client.post(f"{CONSUMER}/secret/rotate", {"confirm": "yes"}).status_code == 302
     assert Consumer.objects.get().signing_secret != consumer.signing_secret
     assert client.post(url("/ui/jobs/{job}/requeue", rows)).status_code == 302
-    assert Job.objects.get(pk=rows["job"]).status == QUEUED
+    assert Job.objects.get(pk=rows["job_pk"]).status == QUEUED
     assert ">Replay to" in client.get(url("/ui/messages/{delivered}", rows)).content.decode()
     assert ">Disable<" in client.get("/ui/periodic/orders/tick").content.decode()
 
@@ -344,9 +349,9 @@ def test_admin_actions_need_the_permission_of_what_they_change(rows):
     assert 'value="pause"' not in viewer.get("/admin/consumers/consumer/").content.decode()
     viewer.post(
         "/admin/jobs/job/",
-        {"action": "requeue_dead", "_selected_action": [rows["job"]]},
+        {"action": "requeue_dead", "_selected_action": [rows["job_pk"]]},
     )
-    assert Job.objects.get(pk=rows["job"]).status == DEAD
+    assert Job.objects.get(pk=rows["job_pk"]).status == DEAD
 
     operator = logged_in(make_operator("ops"))
     assert "requeue_dead" in operator.get("/admin/jobs/job/").content.decode()

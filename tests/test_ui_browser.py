@@ -55,8 +55,8 @@ def test_requeue_a_dead_job_and_see_it_delivered(page, live_server, receiver):
     assert page.evaluate("getComputedStyle(document.querySelector('header')).display") == "flex"
     screenshot(page, "dead-jobs.png")
 
-    page.click(f"a[href='/ui/jobs/{job.pk}']")
-    page.wait_for_url(f"**/ui/jobs/{job.pk}")
+    page.click(f"a[href='/ui/jobs/{job.public_id}']")
+    page.wait_for_url(f"**/ui/jobs/{job.public_id}")
     attempts = page.locator("table.attempts tbody tr")
     assert attempts.count() == 2
     assert "503" in attempts.nth(0).inner_text()

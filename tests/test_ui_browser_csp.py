@@ -43,7 +43,7 @@ def rows() -> dict[str, str]:
     form = PeriodicMessagePostForm(data={"producer": "shop", "payload": "{}", "cron": "@daily"})
     assert form.is_valid(), form.errors
     create_periodic(channel, "tick", dict(form.validated_data))
-    return {"job": str(job.pk), "message": str(dead.pk)}
+    return {"job": job.public_id, "message": str(dead.pk)}
 
 
 def watched(page) -> list[str]:

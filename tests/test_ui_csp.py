@@ -49,7 +49,7 @@ def test_every_ui_answer_carries_the_policy(root):
     pages = [
         "/ui/",
         "/ui/dead-jobs",
-        f"/ui/jobs/{job.pk}",
+        f"/ui/jobs/{job.public_id}",
         "/ui/consumers",
         f"/ui/consumers/{consumer.channel_id}/{consumer.public_id}",
         "/ui/messages",
@@ -62,8 +62,8 @@ def test_every_ui_answer_carries_the_policy(root):
     for url in pages:
         assert root.get(url)[HEADER] == POLICY, url
     # A redirect after an action, and a refused method.
-    assert root.post(f"/ui/jobs/{job.pk}/requeue")[HEADER] == POLICY
-    assert root.get(f"/ui/jobs/{job.pk}/requeue")[HEADER] == POLICY
+    assert root.post(f"/ui/jobs/{job.public_id}/requeue")[HEADER] == POLICY
+    assert root.get(f"/ui/jobs/{job.public_id}/requeue")[HEADER] == POLICY
 
 
 def test_the_login_page_carries_it_and_the_rest_of_the_site_does_not(client, root):

@@ -56,14 +56,14 @@ def listed(response) -> list[int]:
 
 def test_pages_need_a_staff_login(client):
     job = dead_job()
-    for url in ["/ui/dead-jobs", f"/ui/jobs/{job.pk}"]:
+    for url in ["/ui/dead-jobs", f"/ui/jobs/{job.public_id}"]:
         response = client.get(url)
         assert response.status_code == 302
         assert response["Location"].startswith("/admin/login/?next=/ui/")
 
     client.force_login(User.objects.create_user("someone", password="pw"))  # not staff
     assert client.get("/ui/dead-jobs").status_code == 302
-    assert client.post(f"/ui/jobs/{job.pk}/requeue").status_code == 302
+    assert client.post(f"/ui/jobs/{job.public_id}/requeue").status_code == 302
     assert Job.objects.get().status == DEAD
 
 
@@ -76,7 +76,7 @@ def test_the_list_shows_only_dead_jobs_newest_first(staff_client):
 
     assert response.status_code == 200
     assert listed(response) == [new.pk, old.pk]
-    assert f'href="/ui/jobs/{new.pk}"' in response.content.decode()
+    assert f'href="/ui/jobs/{new.public_id}"' in response.content.decode()
 
 
 def test_filters(staff_client):
@@ -137,7 +137,7 @@ def test_the_job_page_shows_the_job_and_its_attempts(staff_client):
     add_attempt(job, status_code=None)
 
     with CaptureQueriesContext(connection) as queries:
-        response = staff_client.get(f"/ui/jobs/{job.pk}")
+        response = staff_client.get(f"/ui/jobs/{job.public_id}")
 
     page = response.content.decode()
     assert response.status_code == 200
@@ -158,7 +158,7 @@ def test_an_offloaded_payload_is_not_read(staff_client):
     )
     job.message.save()
 
-    response = staff_client.get(f"/ui/jobs/{job.pk}")
+    response = staff_client.get(f"/ui/jobs/{job.public_id}")
 
     assert response.context["preview"] is None
     assert "5000000 bytes" in response.content.decode()
@@ -168,7 +168,7 @@ def test_requeue_moves_a_dead_job_to_queued(staff_client):
     job = dead_job(error="HTTP 503")
     Job.objects.filter(pk=job.pk).update(attempts=5)
 
-    response = staff_client.post(f"/ui/jobs/{job.pk}/requeue", follow=True)
+    response = staff_client.post(f"/ui/jobs/{job.public_id}/requeue", follow=True)
 
     job.refresh_from_db()
     assert (job.status, job.attempts, job.lease_expires_at) == (QUEUED, 0, None)
@@ -178,7 +178,7 @@ def test_requeue_moves_a_dead_job_to_queued(staff_client):
 def test_requeue_of_a_job_that_is_not_dead_changes_nothing(staff_client):
     job = make_job(DELIVERED)
 
-    response = staff_client.post(f"/ui/jobs/{job.pk}/requeue", follow=True)
+    response = staff_client.post(f"/ui/jobs/{job.public_id}/requeue", follow=True)
 
     assert Job.objects.get().status == DELIVERED
     assert "cannot go from DELIVERED to QUEUED" in response.content.decode()
@@ -190,12 +190,18 @@ def test_bulk_requeue_and_delete(staff_client):
 
     response = staff_client.post(
         "/ui/dead-jobs/bulk",
-        {"action": "requeue", "job": [first.pk, alive.pk], "next": "/ui/dead-jobs?channel=orders"},
+        {
+            "action": "requeue",
+            "job": [first.public_id, alive.public_id],
+            "next": "/ui/dead-jobs?channel=orders",
+        },
     )
     assert response["Location"] == "/ui/dead-jobs?channel=orders"
     assert Job.objects.get(pk=first.pk).status == QUEUED
 
-    staff_client.post("/ui/dead-jobs/bulk", {"action": "delete", "job": [second.pk, alive.pk]})
+    staff_client.post(
+        "/ui/dead-jobs/bulk", {"action": "delete", "job": [second.public_id, alive.public_id]}
+    )
     assert set(Job.objects.values_list("pk", flat=True)) == {first.pk, third.pk, alive.pk}
 
     response = staff_client.get("/ui/dead-jobs")
@@ -228,15 +234,17 @@ def test_posts_need_a_csrf_token():
     client = Client(enforce_csrf_checks=True)
     client.force_login(make_operator())
 
-    assert client.post(f"/ui/jobs/{job.pk}/requeue").status_code == 403
+    assert client.post(f"/ui/jobs/{job.public_id}/requeue").status_code == 403
     assert (
-        client.post("/ui/dead-jobs/bulk", {"action": "delete", "job": [job.pk]}).status_code == 403
+        client.post("/ui/dead-jobs/bulk", {"action": "delete", "job": [job.public_id]}).status_code
+        == 403
     )
     assert Job.objects.get().status == DEAD
 
-    page = client.get(f"/ui/jobs/{job.pk}")
+    page = client.get(f"/ui/jobs/{job.public_id}")
     token = page.context["csrf_token"]
     assert (
-        client.post(f"/ui/jobs/{job.pk}/requeue", {"csrfmiddlewaretoken": token}).status_code == 302
+        client.post(f"/ui/jobs/{job.public_id}/requeue", {"csrfmiddlewaretoken": token}).status_code
+        == 302
     )
     assert Job.objects.get().status == QUEUED

@@ -113,7 +113,7 @@ PERIODIC_FIELDS = {
     "skipWhilePending": "true",
 }
 FORM_FIELDS: dict[str, dict[str, str | list[str]]] = {
-    "bulk-action": {"action": "requeue", "job": ["1"], "next": "/ui/dead-jobs"},
+    "bulk-action": {"action": "requeue", "job": ["0000000000000000000g"], "next": "/ui/dead-jobs"},
     "requeue-since": {"channel": "orders", "consumer": "billing", "since": "2029-12-31T00:00"},
     "message-replay": {"consumer": "billing"},
     "consumer-create": {"channel": "orders", "consumer_id": "new-one", **CONSUMER_SETTINGS},
@@ -165,7 +165,7 @@ def rows(clock, settings) -> dict[str, object]:
         "consumer_id": "billing",
         "message_id": "later",
         "periodic_id": "tick",
-        "job_id": Job.objects.get(message=message).pk,
+        "job_id": Job.objects.get(message=message).public_id,
         "message_pk": message.pk,
     }
 

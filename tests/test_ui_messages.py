@@ -248,7 +248,7 @@ def test_the_message_page_shows_facts_jobs_attempts_payload_and_headers(staff_cl
     assert rows["late"].consumer == late
     assert len(response.context["attempts"]) == 4
     for job in Job.objects.all():
-        assert f'href="/ui/jobs/{job.pk}"' in page
+        assert f'href="/ui/jobs/{job.public_id}"' in page
     # Replay buttons: billing (delivered) and late (no job); audit is dead: requeue instead.
     assert 'name="consumer" value="billing"' in page
     assert 'name="consumer" value="late"' in page

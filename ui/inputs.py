@@ -20,6 +20,7 @@ from django.core.exceptions import ValidationError
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from broker.models import validate_message_id, validate_resource_id
+from broker.xids import key_of_xid
 
 # Dates a filter or a schedule may name. Nothing the broker stores is older than the first, and
 # the second is far enough from year 9999 that a time zone or a report period added to it
@@ -69,6 +70,13 @@ def primary_key(text: str) -> int:
     if len(text) > len(str(MAX_PRIMARY_KEY)) or not 1 <= int(text) <= MAX_PRIMARY_KEY:
         raise ValueError(f"Give a number from 1 to {MAX_PRIMARY_KEY}.")
     return int(text)
+
+
+def job_id(text: str) -> str:
+    """A job's public ID (an xid, Job.public_id)."""
+    if key_of_xid(text) is None:
+        raise ValueError("Give a job ID: 20 characters of 0-9 and a-v.")
+    return text
 
 
 def moment(text: str) -> datetime:
@@ -173,7 +181,7 @@ PATH_SEGMENTS: dict[str, Callable[[str], Any]] = {
     "consumer_id": resource_id,
     "periodic_id": resource_id,
     "message_id": message_id,
-    "job_id": primary_key,
+    "job_id": job_id,
     "message_pk": primary_key,
 }
 
@@ -194,12 +202,15 @@ def check_path(segments: Mapping[str, object]) -> None:
 # Form fields of actions
 
 
-def primary_keys(values: list[str], parameter: str) -> list[int]:
-    """The ids ticked in a list (a checkbox per row)."""
-    try:
-        return [primary_key(value) for value in values]
-    except ValueError as error:
-        raise bad(parameter, str(error)) from None
+def job_keys(values: list[str], parameter: str) -> list[int]:
+    """The row keys of the jobs ticked in a list (a checkbox per row holds a job's public ID)."""
+    keys = []
+    for value in values:
+        parts = key_of_xid(value)
+        if parts is None:
+            raise bad(parameter, f"{value[:40]!r} is not a job ID.")
+        keys.append(parts[1])
+    return keys
 
 
 def is_local_url(target: str, host: str) -> bool:

@@ -8,6 +8,7 @@ Every query here is an index look-up or a bounded index walk (docs/ui-messages.m
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -21,7 +22,7 @@ from django.urls import URLPattern, path
 from broker.models import Channel, Message
 from broker.replay import NotReplayable, ReplayResult, replay
 from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, Job
+from jobs.models import DeliveryAttempt, Job, job_public_id
 from jobs.states import DELIVERED
 from ui import inputs, paging
 from ui.access import CHANGE_MESSAGES, VIEW_MESSAGES, operator_view
@@ -156,15 +157,21 @@ def message_detail(request: HttpRequest, message_pk: int) -> HttpResponse:
     return render(request, "ui/message.html", context)
 
 
-def attempts_of(message: Message) -> list[DeliveryAttempt]:
+def attempts_of(message: Message) -> Sequence[DeliveryAttempt]:
     """Every attempt of every job of the message, in one query (attempt_job_idx per job), each
-    with its job's consumer ID; the newest MAX_ATTEMPTS, shown oldest first."""
+    with its job's public ID and consumer ID; the newest MAX_ATTEMPTS, shown oldest first."""
     newest = (
         DeliveryAttempt.objects.filter(job__message=message)
-        .annotate(consumer_public_id=F("job__consumer__public_id"))
+        .annotate(
+            consumer_public_id=F("job__consumer__public_id"), job_created_at=F("job__created_at")
+        )
         .order_by("-started_at", "-pk")[:MAX_ATTEMPTS]
     )
-    return list(reversed(newest))
+    attempts = list(reversed(newest))
+    for attempt in attempts:
+        link = job_public_id(attempt.job_id, attempt.job_created_at)
+        attempt.job_public_id = link  # type: ignore[attr-defined]  # the template's link to the job
+    return attempts
 
 
 class ReplayForm(forms.Form):

@@ -88,9 +88,11 @@ def dead_jobs(request: HttpRequest) -> HttpResponse:
 
 
 @operator_view(get=VIEW_JOBS)
-def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+def job_detail(request: HttpRequest, job_id: str) -> HttpResponse:
     job = get_object_or_404(
-        Job.objects.select_related("message", "consumer").defer("message__payload"), pk=job_id
+        Job.objects.select_related("message", "consumer")
+        .defer("message__payload")
+        .with_public_id(job_id)
     )
     context = {
         "job": job,
@@ -124,15 +126,15 @@ def message_preview(message: Message) -> str | None:
 
 
 @operator_view(post=CHANGE_JOBS)
-def requeue_job(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = get_object_or_404(Job, pk=job_id)
+def requeue_job(request: HttpRequest, job_id: str) -> HttpResponse:
+    job = get_object_or_404(Job.objects.with_public_id(job_id))
     try:
         job.requeue()
     except (ForbiddenTransition, TransitionConflict) as error:
         messages.error(request, str(error))
     else:
-        messages.success(request, f"Job {job.pk} was requeued.")
-    return redirect("ui:job", job_id=job.pk)
+        messages.success(request, f"Job {job.public_id} was requeued.")
+    return redirect("ui:job", job_id=job.public_id)
 
 
 @operator_view(post=VIEW_JOBS)  # and the permission of the action chosen, below
@@ -142,7 +144,7 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
         messages.error(request, "Unknown action.")
         return back_to_list(request)
     require(request, BULK_ACTIONS[action])
-    ids = inputs.primary_keys(request.POST.getlist("job"), "job")
+    ids = inputs.job_keys(request.POST.getlist("job"), "job")
     selected = Job.objects.filter(pk__in=ids)
     if not ids:
         messages.warning(request, "No jobs were selected.")

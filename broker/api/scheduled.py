@@ -22,10 +22,11 @@ from broker.api.serializers import ErrorSerializer, PagesSerializer, encode_payl
 from broker.models import Channel, Message
 from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 from broker.scheduling import AlreadyReleased, NotScheduled, cancel_scheduled
+from broker.xids import public_key_xid
 
 # webhook-broker's scheduled-message statuses: waiting, or released into the normal flow.
 PENDING, RELEASED = "SCHEDULED", "DISPATCHED"
-STATUS_CODES = {"100": PENDING, "101": RELEASED}
+STATUS_CODES = {"101": PENDING, "102": RELEASED}  # its ScheduledMsgStatus values
 STATUS_NUMBERS = {name: number for number, name in STATUS_CODES.items()}
 
 
@@ -41,15 +42,17 @@ def scheduled_messages_url(channel_id: str, status_name: str | None = None) -> s
 class ScheduledMessageSerializer(serializers.Serializer[Any]):
     """webhook-broker's fields, then ours: `payloadEncoding` ("utf-8" or "base64", as for
     normal messages), `payloadError` (only when an offloaded payload is gone), `orderingKey`,
-    `receivedAt`, and `messageURL` (the message, with its jobs once released)."""
+    `receivedAt`, `messageURL` (the message, with its jobs once released), and
+    `dispatchedDate` (webhook-broker's name for `dispatchedAt` before May 2025, for older
+    clients). `id` is an xid, as webhook-broker's: the row's key and receipt second."""
 
-    id = serializers.CharField(source="pk")
+    id = serializers.SerializerMethodField()
     messageId = serializers.CharField(source="public_id")  # noqa: N815 (wire names)
     contentType = serializers.CharField(source="content_type")  # noqa: N815
     priority = serializers.IntegerField()
     producedBy = serializers.CharField(source="producer_id")  # noqa: N815
     dispatchSchedule = serializers.DateTimeField(source="scheduled_for")  # noqa: N815
-    dispatchedDate = serializers.DateTimeField(source="dispatched_at", allow_null=True)  # noqa: N815
+    dispatchedAt = serializers.DateTimeField(source="dispatched_at", allow_null=True)  # noqa: N815
     status = serializers.SerializerMethodField()
     payload = serializers.SerializerMethodField()
     payloadEncoding = serializers.SerializerMethodField()  # noqa: N815
@@ -58,6 +61,10 @@ class ScheduledMessageSerializer(serializers.Serializer[Any]):
     orderingKey = serializers.CharField(source="ordering_key")  # noqa: N815
     receivedAt = serializers.DateTimeField(source="received_at")  # noqa: N815
     messageURL = serializers.SerializerMethodField()  # noqa: N815
+    dispatchedDate = serializers.DateTimeField(source="dispatched_at", allow_null=True)  # noqa: N815
+
+    def get_id(self, message: Message) -> str:
+        return public_key_xid(message.received_at.timestamp(), message.pk)
 
     def get_status(self, message: Message) -> str:
         return scheduled_status(message)
@@ -102,7 +109,7 @@ class ScheduledMessageListView(APIView):
                 str,
                 many=True,
                 description="SCHEDULED (not released yet) or DISPATCHED (released), or "
-                "webhook-broker's 100 / 101",
+                "webhook-broker's 101 / 102",
             )
         ],
         responses={200: ScheduledListSerializer},
@@ -125,7 +132,7 @@ def _status(value: str) -> str:
     status_name = STATUS_CODES.get(value, value.upper())
     if status_name not in (PENDING, RELEASED):
         raise ApiError(
-            status.HTTP_400_BAD_REQUEST, "status must be SCHEDULED or DISPATCHED (or 100 / 101)."
+            status.HTTP_400_BAD_REQUEST, "status must be SCHEDULED or DISPATCHED (or 101 / 102)."
         )
     return status_name
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from rest_framework import status
 from rest_framework.request import Request
 
@@ -12,8 +10,6 @@ from broker.api.tokens import require_token
 from broker.models import Channel
 from consumers.models import Consumer
 from jobs.models import Job
-
-JOB_ID = re.compile(r"[0-9]{1,18}\Z")  # a job's primary key, within bigint range
 
 
 def authorized_consumer(
@@ -45,13 +41,12 @@ def authorized_consumer(
 
 def consumer_job(consumer: Consumer, job_id: str) -> Job:
     """One of the consumer's jobs; any other job, or a malformed ID, is 404."""
-    job = None
-    if JOB_ID.match(job_id):  # not str.isdigit(): it accepts "²" and non-ASCII digits
-        job = (
-            Job.objects.select_related("message", "consumer")
-            .filter(pk=int(job_id), consumer=consumer)
-            .first()
-        )
+    job = (
+        Job.objects.select_related("message", "consumer")
+        .with_public_id(job_id)
+        .filter(consumer=consumer)
+        .first()
+    )
     if job is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "Job could not be found.")
     return job

@@ -41,6 +41,16 @@ TOKEN_HEADERS = [
     OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),
     OpenApiParameter("X-Broker-Consumer-Token", str, OpenApiParameter.HEADER, required=True),
 ]
+JOB_PARAMETERS = [
+    *TOKEN_HEADERS,
+    OpenApiParameter(
+        "job_id",
+        str,
+        OpenApiParameter.PATH,
+        pattern="^[0-9a-v]{20}$",
+        description="the job's ID: an xid, as webhook-broker's (docs/api.md#ids)",
+    ),
+]
 
 
 class TokenView(APIView):
@@ -132,13 +142,13 @@ class TransitionRequest(serializers.Serializer[Any]):
 
 
 class JobView(TokenView):
-    @extend_schema(parameters=TOKEN_HEADERS, responses={200: JobLinksSerializer})
+    @extend_schema(parameters=JOB_PARAMETERS, responses={200: JobLinksSerializer})
     def get(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
         return Response(JobLinksSerializer(consumer_job(consumer, job_id)).data)
 
     @extend_schema(
-        parameters=TOKEN_HEADERS,
+        parameters=JOB_PARAMETERS,
         request={"application/json": TransitionRequest},
         responses={
             202: OpenApiResponse(description="moved, or already in that state"),
@@ -166,7 +176,7 @@ class JobView(TokenView):
             _move(job, target, timeout)
         return Response(status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(parameters=TOKEN_HEADERS, responses={204: None})
+    @extend_schema(parameters=JOB_PARAMETERS, responses={204: None})
     def delete(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         """Delete one dead job (any consumer type)."""
         consumer = authorized_consumer(
@@ -213,7 +223,7 @@ def _move(job: Job, target: str, timeout: int) -> None:
 
 
 class RequeueDeadJobView(TokenView):
-    @extend_schema(parameters=TOKEN_HEADERS, request=None, responses={202: None})
+    @extend_schema(parameters=JOB_PARAMETERS, request=None, responses={202: None})
     def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=False)
         job = consumer_job(consumer, job_id)

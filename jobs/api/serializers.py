@@ -9,7 +9,9 @@ from jobs.models import Job
 
 
 def job_url(job: Job) -> str:
-    return f"/channel/{job.consumer.channel_id}/consumer/{job.consumer.public_id}/job/{job.pk}"
+    return (
+        f"/channel/{job.consumer.channel_id}/consumer/{job.consumer.public_id}/job/{job.public_id}"
+    )
 
 
 class QueuedMessageSerializer(PayloadFieldsMixin):
@@ -37,7 +39,7 @@ class JobSummarySerializer(serializers.Serializer[Any]):
 
     ID = serializers.CharField(source="public_id")
     ListenerEndpoint = serializers.CharField(source="consumer.callback_url")
-    ListenerName = serializers.CharField(source="consumer.public_id")
+    ListenerName = serializers.CharField(source="consumer.name")  # as webhook-broker: its name
     Status = serializers.CharField(source="status")
     StatusChangedAt = serializers.DateTimeField(source="status_changed_at")
     Attempts = serializers.IntegerField(source="attempts")

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 
 from consumers.models import Consumer
 from jobs.models import Job
-from jobs.states import DEAD
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 
 
 class DeadCountSerializer(serializers.Serializer[Any]):
@@ -33,11 +33,18 @@ class DlqStatusSerializer(serializers.Serializer[Any]):
     consumers = DeadCountSerializer(many=True)
 
 
+# webhook-broker's JobStatus numbers, which /job-status reports as it does.
+JOB_STATUS_NUMBERS = {QUEUED: 1001, INFLIGHT: 1002, DELIVERED: 1003, DEAD: 1004}
+
+
 class StatusCountSerializer(serializers.Serializer[Any]):
-    Status = serializers.CharField()
-    Count = serializers.IntegerField()
-    OldestItemTimestamp = serializers.DateTimeField()
-    NewestItemTimestamp = serializers.DateTimeField()
+    """webhook-broker's StatusCount, plus `statusName` (extension) for people reading it."""
+
+    status = serializers.IntegerField()
+    count = serializers.IntegerField()
+    oldestItemTimestamp = serializers.DateTimeField()  # noqa: N815 (wire names)
+    newestItemTimestamp = serializers.DateTimeField()  # noqa: N815
+    statusName = serializers.CharField()  # noqa: N815
 
 
 JOB_STATUS_SCHEMA = {
@@ -49,12 +56,13 @@ JOB_STATUS_SCHEMA = {
             "items": {
                 "type": "object",
                 "properties": {
-                    "Status": {"type": "string"},
-                    "Count": {"type": "integer"},
-                    "OldestItemTimestamp": {"type": "string", "format": "date-time"},
-                    "NewestItemTimestamp": {"type": "string", "format": "date-time"},
+                    "status": {"type": "integer", "enum": sorted(JOB_STATUS_NUMBERS.values())},
+                    "count": {"type": "integer"},
+                    "oldestItemTimestamp": {"type": "string", "format": "date-time"},
+                    "newestItemTimestamp": {"type": "string", "format": "date-time"},
+                    "statusName": {"type": "string"},
                 },
-                "required": ["Status", "Count", "OldestItemTimestamp", "NewestItemTimestamp"],
+                "required": ["status", "count", "oldestItemTimestamp", "newestItemTimestamp"],
             },
         },
     },
@@ -112,10 +120,11 @@ class JobStatusView(APIView):
             summary[consumer.channel_id][consumer.public_id].append(
                 StatusCountSerializer(
                     {
-                        "Status": row["status"],
-                        "Count": row["n"],
-                        "OldestItemTimestamp": row["oldest"],
-                        "NewestItemTimestamp": row["newest"],
+                        "status": JOB_STATUS_NUMBERS[row["status"]],
+                        "count": row["n"],
+                        "oldestItemTimestamp": row["oldest"],
+                        "newestItemTimestamp": row["newest"],
+                        "statusName": row["status"],
                     }
                 ).data
             )
