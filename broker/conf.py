@@ -45,6 +45,9 @@ DEFAULTS: dict[str, Any] = {
     "BROKER_BROADCAST_RATE_LIMIT": 0.0,
     # Broadcasts a producer may send at once after a quiet spell; 0: one second's worth.
     "BROKER_BROADCAST_BURST": 0,
+    # The User-Agent of push deliveries (webhook-broker's [consumer-connection] user-agent);
+    # empty: webhook-broker-django/<version>.
+    "BROKER_DELIVERY_USER_AGENT": "",
     # webhook-broker's gateway authentication (broker/gateway_auth.py): "none" or "hmac".
     "BROKER_GATEWAY_AUTH_MODE": "none",
     "BROKER_GATEWAY_HMAC_SECRET": "",  # base64

@@ -814,7 +814,7 @@ def delivery_request(job: ClaimedJob, consumer: Consumer, now: datetime) -> Deli
         "X-Broker-Consumer-ID": consumer.public_id,
         broker_settings.BROKER_CONSUMER_TOKEN_HEADER: consumer.token,
         "X-Request-ID": new_xid(),  # new per attempt, an xid as webhook-broker's
-        "User-Agent": USER_AGENT,
+        "User-Agent": broker_settings.BROKER_DELIVERY_USER_AGENT or USER_AGENT,
     }
     if stored is None:
         headers.update(signature_headers(consumer, job.message_id, job.payload, now))

@@ -372,6 +372,17 @@ def test_kept_headers_cannot_shadow_the_brokers_own(channel, receiver, dispatche
     assert request.headers["X-Broker-Metadata-Headers"] == "X-Tenant"
 
 
+def test_the_user_agent_can_be_set_as_webhook_brokers_can(channel, receiver, dispatcher, settings):
+    settings.BROKER_DELIVERY_USER_AGENT = "Webhook Message Broker"
+    push_consumer(channel, receiver)
+    publish(channel, b"x", producer="shop", message_id="m-1")
+
+    run_once(dispatcher)
+
+    [request] = receiver.received
+    assert request.headers["User-Agent"] == "Webhook Message Broker"
+
+
 def test_the_metadata_header_list_is_always_sent_sorted_as_webhook_broker_sends_it(
     channel, receiver, dispatcher
 ):

@@ -256,3 +256,13 @@ def test_a_server_started_with_the_gateway_variables_checks_signatures(tmp_path)
     assert unsigned.headers["X-Request-ID"] in output
     assert signed.split("v1=")[1] not in output
     assert Message.objects.count() == 1
+
+
+def test_a_body_over_the_upload_limit_is_413_before_it_is_hashed(client, gateway):
+    gateway.DATA_UPLOAD_MAX_MEMORY_SIZE = len(BODY) - 1
+
+    response = broadcast(client, signed=signature(BODY, T))
+
+    assert response.status_code == 413
+    assert response.json() == {"Error": "request body too large"}
+    assert not Message.objects.exists()
