@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -57,6 +55,7 @@ from ingest import (
     free_port,
     gunicorn,
     prepare_broker,
+    stop,
     wait_until_serving,
 )
 from psycopg import sql
@@ -163,12 +162,7 @@ def process(command: list[str], env: dict[str, str]) -> Iterator[subprocess.Pope
     try:
         yield started
     finally:
-        started.send_signal(signal.SIGTERM)
-        try:
-            started.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(started.pid, signal.SIGKILL)
-            started.wait()
+        stop(started)
 
 
 def runserver_command(port: int) -> list[str]:

@@ -223,12 +223,18 @@ def gunicorn(config: ServerConfig, env: dict[str, str]) -> Iterator[tuple[int, i
         wait_until_serving(port, process)
         yield port, process.pid
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL to its process group (started with start_new_session) if it
+    lingers over 20 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def wait_until_serving(port: int, process: subprocess.Popen[bytes], timeout: float = 30) -> None:

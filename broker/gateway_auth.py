@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import logging
@@ -44,6 +45,7 @@ OUTSIDE_WINDOW = Refusal(403, "request timestamp outside tolerance window")
 WRONG = Refusal(403, "invalid signature")
 
 
+@functools.lru_cache(maxsize=4)  # read at each request, so that tests can override the setting
 def decode_secret(secret: str) -> bytes:
     """The shared secret's bytes; ImproperlyConfigured (never echoing it) if it is no base64."""
     try:

@@ -27,7 +27,7 @@ _RAW_LENGTH = 12
 _PADDING = "===="  # 12 bytes are 20 base32 characters, padded to 24
 _SHAPE = re.compile(r"[0-9a-v]{20}\Z")
 _SECONDS_MASK = 0xFFFFFFFF  # 32-bit seconds wrap in 2106, as in rs/xid
-_LARGEST_KEY = 2**63 - 1  # PostgreSQL's bigint
+LARGEST_KEY = 2**63 - 1  # the largest row key: PostgreSQL's bigint
 
 _MACHINE = hashlib.sha256(socket.gethostname().encode()).digest()[:3]
 _COUNTER = itertools.count(secrets.randbelow(1 << 24))  # next() is atomic under the GIL
@@ -72,6 +72,6 @@ def key_of_xid(text: str) -> tuple[int, int] | None:
     if raw is None:
         return None
     key = int.from_bytes(raw[4:], "big")
-    if key > _LARGEST_KEY:
+    if key > LARGEST_KEY:
         return None
     return int.from_bytes(raw[:4], "big"), key

@@ -95,7 +95,7 @@ async def deliver(
         frames = "".join(traceback.format_tb(exc.__traceback__))
         error = describe_error(exc)
         logger.error("delivery of job %s failed: %s\n%s", request.job_id, error, frames)
-        return _unanswered(request, REQUEST_ERROR, f"the request failed: {error}")
+        return unanswered(request, REQUEST_ERROR, f"the request failed: {error}")
 
 
 def delivery_session(concurrency: int) -> aiohttp.ClientSession:
@@ -189,10 +189,10 @@ async def _deliver_stored(
     try:
         file, file_headers = await asyncio.to_thread(_open_and_sign, stored)
     except PayloadMissing as exc:
-        return _unanswered(request, PAYLOAD_MISSING, str(exc))
+        return unanswered(request, PAYLOAD_MISSING, str(exc))
     except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
         logger.warning("cannot read offloaded payload %s: %s", stored.name, describe_error(exc))
-        return _unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
+        return unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
     headers = {**request.headers, **file_headers}
     try:
         return await _post(session, request, _chunks_of(file, on_sent), headers, timeout)
@@ -225,7 +225,7 @@ async def _chunks_of(file: File[bytes], on_sent: Callable[[], None] | None) -> A
         yield chunk
 
 
-def _unanswered(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
+def unanswered(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
     """An attempt that ended without an answer, before or while the request was made."""
     return AttemptResult(
         request.job_id,

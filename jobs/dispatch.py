@@ -51,6 +51,7 @@ from jobs.delivery import (
     deliver,
     delivery_session,
     describe_error,
+    unanswered,
 )
 from jobs.expiry import expire_old_jobs
 from jobs.leases import sweep_expired_leases
@@ -499,15 +500,7 @@ def _running(task: asyncio.Task[None] | None) -> bool:
 
 
 def _cut_off(request: DeliveryRequest) -> AttemptResult:
-    return AttemptResult(
-        request.job_id,
-        request.attempt,
-        request.consumer_id,
-        timezone.now(),
-        0.0,
-        error_class="shutdown",
-        error=SHUTDOWN_MESSAGE,
-    )
+    return unanswered(request, "shutdown", SHUTDOWN_MESSAGE)
 
 
 def _unsendable(job: ClaimedJob, exc: Exception) -> AttemptResult:

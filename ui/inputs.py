@@ -20,14 +20,14 @@ from django.core.exceptions import ValidationError
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from broker.models import validate_message_id, validate_resource_id
-from broker.xids import key_of_xid
+from broker.xids import LARGEST_KEY, key_of_xid
 
 # Dates a filter or a schedule may name. Nothing the broker stores is older than the first, and
 # the second is far enough from year 9999 that a time zone or a report period added to it
 # cannot overflow.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
-MAX_PRIMARY_KEY = 2**63 - 1  # a bigint
+MAX_PRIMARY_KEY = LARGEST_KEY
 TEXT_LENGTH = 1000  # free text, such as the error a dead jobs filter searches for
 
 
