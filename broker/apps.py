@@ -12,11 +12,17 @@ class BrokerConfig(AppConfig):
     verbose_name = "Broker"
 
     def ready(self) -> None:
-        from broker import checks  # noqa: F401  (registers the system checks)
+        from broker import (
+            checks,  # noqa: F401  (registers the system checks)
+            tracing,
+        )
         from broker.admin_group import sync_broker_admin_group
         from broker.api import schema  # noqa: F401  (registers OpenAPI extensions)
 
         post_migrate.connect(sync_broker_admin_group)
+
+        # OpenTelemetry, when the OTEL_* variables ask for it; a bad value stops start-up here.
+        tracing.configure()
 
         os.register_at_fork(before=close_connection_pools)
 

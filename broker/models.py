@@ -141,6 +141,11 @@ class Message(models.Model):
     dispatched_at = models.DateTimeField(null=True, blank=True)
     # Set for a scheduled message (and kept after its release): when it is due.
     scheduled_for = models.DateTimeField(null=True, blank=True)
+    # The W3C trace context its deliveries continue (broker/tracing.py): the broker's publish
+    # span when tracing is on, else the producer's own; null when there was none.
+    # Null, never "", for none: the columns were added to a table of any size without a rewrite.
+    traceparent = models.CharField(max_length=55, null=True, blank=True)  # noqa: DJ001
+    tracestate = models.CharField(max_length=512, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         constraints = [

@@ -21,6 +21,8 @@ from croniter import CroniterError, croniter
 from django.db import transaction
 from django.utils import timezone
 
+from broker.jobs.models import Job
+from broker.jobs.states import INFLIGHT, QUEUED
 from broker.models import Message, PeriodicMessage
 from broker.publishing import (
     DuplicateMessage,
@@ -28,8 +30,6 @@ from broker.publishing import (
     check_message,
     publish,
 )
-from jobs.models import Job
-from jobs.states import INFLIGHT, QUEUED
 
 logger = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
-from broker import payloads
+from broker import payloads, tracing
 from broker.conf import broker_settings
+from broker.consumers.models import Consumer
+from broker.jobs.models import Job
+from broker.jobs.states import QUEUED
 from broker.models import Channel, Message, Producer, validate_message_id
 from broker.xids import new_xid
-from consumers.models import Consumer
-from jobs.models import Job
-from jobs.states import QUEUED
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HEADERS = 50
@@ -100,6 +100,8 @@ def publish(
     content_type: str | None = None,
     ordering_key: str | None = None,
     scheduled_for: datetime | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Message:
     """Store a message and its jobs atomically and return the message.
 
@@ -118,39 +120,50 @@ def publish(
     A payload above BROKER_PAYLOAD_OFFLOAD_BYTES is written to the payload storage before the
     row (SPEC §6.7, broker/payloads.py). If the caller's transaction then rolls back, that file
     stays behind until `manage.py purge_orphan_payloads` removes it.
+
+    `traceparent` and `tracestate` are a W3C trace context to continue (the HTTP broadcast
+    passes the producer's headers); a malformed one is ignored. The message keeps the context
+    its deliveries send on: with tracing on, that of this publish's span (broker/tracing.py).
     """
     message_id = message_id if message_id is not None else new_xid()
     ordering_key = ordering_key or ""
-    body, content_type = check_message(
-        payload, message_id, priority, headers or {}, content_type, ordering_key
-    )
-    if scheduled_for is not None:
-        scheduled_for = _validate_schedule(scheduled_for)
-    message = Message(
-        channel_id=channel.pk if isinstance(channel, Channel) else channel,
-        producer_id=producer.pk if isinstance(producer, Producer) else producer,
-        public_id=message_id,
-        payload=body,
-        payload_size=len(body),
-        content_type=content_type,
-        priority=priority,
-        headers=dict(headers or {}),
-        ordering_key=ordering_key,
-        received_at=timezone.now(),
-        scheduled_for=scheduled_for,
-    )
-    if payloads.should_offload(body):
-        # Written before the row, so that a stored message always has its file (SPEC §6.7).
-        message.payload, message.payload_file = b"", payloads.store(body)
-    try:
-        _insert(message)
-    except (PublishError, IntegrityError, DataError):
-        # Refused for certain: no row names the file. (After other errors, a lost connection
-        # say, the row may exist: the file stays, and purge_orphan_payloads removes it if not.)
-        if message.payload_file:
-            payloads.delete(message.payload_file)
-        raise
-    return message
+    channel_id = channel.pk if isinstance(channel, Channel) else channel
+    producer_id = producer.pk if isinstance(producer, Producer) else producer
+    given = tracing.parse(traceparent, tracestate)
+    with tracing.publish_span(channel_id, message_id, producer_id, given) as trace:
+        body, content_type = check_message(
+            payload, message_id, priority, headers or {}, content_type, ordering_key
+        )
+        if scheduled_for is not None:
+            scheduled_for = _validate_schedule(scheduled_for)
+        message = Message(
+            channel_id=channel_id,
+            producer_id=producer_id,
+            public_id=message_id,
+            payload=body,
+            payload_size=len(body),
+            content_type=content_type,
+            priority=priority,
+            headers=dict(headers or {}),
+            ordering_key=ordering_key,
+            received_at=timezone.now(),
+            scheduled_for=scheduled_for,
+            traceparent=trace.traceparent if trace else None,
+            tracestate=(trace.tracestate or None) if trace else None,
+        )
+        if payloads.should_offload(body):
+            # Written before the row, so that a stored message always has its file (SPEC §6.7).
+            message.payload, message.payload_file = b"", payloads.store(body)
+        try:
+            _insert(message)
+        except (PublishError, IntegrityError, DataError):
+            # Refused for certain: no row names the file. (After other errors, a lost connection
+            # say, the row may exist: the file stays, and purge_orphan_payloads removes it if
+            # not.)
+            if message.payload_file:
+                payloads.delete(message.payload_file)
+            raise
+        return message
 
 
 def _insert(message: Message) -> None:
@@ -188,11 +201,12 @@ WITH channel AS (
 ), message AS (
     INSERT INTO {Message._meta.db_table} (channel_id, producer_id, public_id, payload,
         payload_file, payload_size, content_type, priority, headers, ordering_key, status,
-        received_at, dispatched_at)
+        received_at, dispatched_at, traceparent, tracestate)
     SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(payload_file)s,
         %(payload_size)s, %(content_type)s, %(priority)s, %(headers)s::jsonb, %(ordering_key)s,
         CASE WHEN EXISTS (SELECT FROM consumers) THEN %(dispatched)s ELSE %(acknowledged)s END,
-        %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END
+        %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END,
+        %(traceparent)s, %(tracestate)s
     FROM channel, producer
     RETURNING id, status, dispatched_at
 ), jobs AS (
@@ -227,6 +241,8 @@ def _insert_postgres(message: Message) -> None:
         "dispatched": Message.Status.DISPATCHED.value,
         "acknowledged": Message.Status.ACKNOWLEDGED.value,
         "queued": QUEUED.value,
+        "traceparent": message.traceparent,
+        "tracestate": message.tracestate,
     }
     # Alone, the statement commits by itself; inside a caller's transaction it needs a savepoint
     # so that a refused message (duplicate ID) leaves the caller's transaction usable.

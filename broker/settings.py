@@ -9,6 +9,7 @@ from broker.env import (
     database_conn_max_age,
     database_pool,
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_int_list,
@@ -19,8 +20,11 @@ from broker.env import (
     parse_database_url,
 )
 from broker.gateway_auth import check_mode as check_gateway_mode
+from broker.logs import LOG_FORMATS, logging_config
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+# What the broker writes (payload files, collected static files, like the default SQLite file) goes
+# under the directory it runs in, never into the installed package.
+DATA_DIR = Path.cwd()
 
 # Flagged by `manage.py check --deploy` (security.W009) because of its prefix: never run with it.
 INSECURE_DEFAULT_SECRET_KEY = "django-insecure-webhook-broker-development-key-do-not-deploy"  # noqa: S105
@@ -49,8 +53,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "broker",
-    "consumers",
-    "jobs",
+    "broker.consumers",
+    "broker.jobs",
     "django_q",
 ]
 
@@ -58,7 +62,7 @@ MIDDLEWARE = [
     "broker.request_ids.RequestIdMiddleware",
     "broker.gateway_auth.GatewayAuthMiddleware",  # before any other work (no-op unless enabled)
     "django.middleware.security.SecurityMiddleware",
-    "ui.csp.ContentSecurityPolicyMiddleware",  # the operator UI's pages and the admin login
+    "broker.ui.csp.ContentSecurityPolicyMiddleware",  # the operator UI's pages and the admin login
     "broker.api.errors.DatabaseUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -76,7 +80,7 @@ ASGI_APPLICATION = "broker.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],  # templates ship inside the apps (broker/templates/ui/)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -133,7 +137,7 @@ STORAGES = {
     "broker_payloads": {
         "BACKEND": "django.core.files.storage.FileSystemStorage",
         "OPTIONS": {
-            "location": env_str("BROKER_PAYLOAD_DIR", str(BASE_DIR / "payloads")),
+            "location": env_str("BROKER_PAYLOAD_DIR", str(DATA_DIR / "payloads")),
             # Payloads are the producers' data: readable by the broker's own user alone.
             "file_permissions_mode": 0o600,
             "directory_permissions_mode": 0o700,
@@ -142,8 +146,7 @@ STORAGES = {
 }
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]  # the operator UI's CSS (templates/ui/)
-STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
 # WhiteNoise serves static files from the app itself, so the admin looks right under gunicorn with
 # no web server in front. Finders let a first run work before `collectstatic`.
 WHITENOISE_USE_FINDERS = True
@@ -177,13 +180,9 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("DJANGO_LOG_LEVEL", "INFO").upper()},
-}
+# Text lines (default) or one JSON object a line, to standard error (docs/observability.md).
+BROKER_LOG_FORMAT = env_choice("BROKER_LOG_FORMAT", "text", LOG_FORMATS)
+LOGGING = logging_config(BROKER_LOG_FORMAT, env_str("DJANGO_LOG_LEVEL", "INFO").upper())
 
 # --- Broker settings (names from SPEC §10; defaults and meaning in broker/conf.py and
 # docs/configuration.md). Code reads them through broker.conf.broker_settings at call time.

@@ -23,7 +23,7 @@ from broker.api.stakeholders import (
     ProducerDetailView,
     ProducerListView,
 )
-from consumers.api import (
+from broker.consumers.api import (
     CloseCircuitView,
     ConsumerDetailView,
     ConsumerListView,
@@ -31,10 +31,10 @@ from consumers.api import (
     ResumeConsumerView,
     SigningSecretView,
 )
-from jobs.api.dlq import DeadLetterQueueView
-from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
-from jobs.api.summaries import DlqStatusView, JobStatusView
-from jobs.metrics import MetricsView
+from broker.jobs.api.dlq import DeadLetterQueueView
+from broker.jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
+from broker.jobs.api.summaries import DlqStatusView, JobStatusView
+from broker.jobs.metrics import MetricsView
 
 
 class KeyConverter:
@@ -54,6 +54,7 @@ register_converter(KeyConverter, "key")
 CONSUMER = "channel/<key:channel_id>/consumer/<key:consumer_id>"
 
 urlpatterns = [
+    path("", views.home, name="home"),
     path("_status", views.StatusView.as_view(), name="status"),
     path("producers", ProducerListView.as_view()),
     path("producer/<key:resource_id>", ProducerDetailView.as_view()),
@@ -92,7 +93,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("admin/", admin.site.urls),
-    path("ui/", include("ui.urls")),
+    path("ui/", include("broker.ui.urls")),
 ]
 
 handler400 = errors.bad_request

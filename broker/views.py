@@ -1,4 +1,4 @@
-"""Health endpoint."""
+"""Health endpoint and the home page."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from django.db import DatabaseError, connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.cache import add_never_cache_headers
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -52,3 +53,25 @@ class StatusView(APIView):
         response = Response({**body, "database": database}, status=200 if healthy else 503)
         add_never_cache_headers(response)
         return response
+
+
+# Where a person or a client that opens the broker's address should go next.
+LINKS = {
+    "ui": "/ui/",
+    "apiDocs": "/api/docs/",
+    "apiSchema": "/api/schema/",
+    "status": "/_status",
+    "admin": "/admin/",
+}
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    """`/`: a small page for browsers, JSON for everything else; the same links in both."""
+    body = {"name": "webhook broker", "version": broker.__version__, "links": LINKS}
+    if "text/html" not in request.headers.get("Accept", ""):
+        return JsonResponse(body)
+    items = "".join(f'<li><a href="{url}">{url}</a> ({name})</li>' for name, url in LINKS.items())
+    return HttpResponse(
+        f"<!doctype html><title>Webhook broker</title><h1>Webhook broker {broker.__version__}</h1>"
+        f"<ul>{items}</ul>"
+    )

@@ -87,3 +87,13 @@ def page(monkeypatch):
         # The ORM work of the test ran in the context Playwright's sync API set up; its
         # connection would outlive the test and block the test database's teardown.
         connection.close()
+
+
+@pytest.fixture(scope="session")
+def installed_broker(tmp_path_factory):
+    """The broker's wheel in a fresh venv, as a host project has it (tests/packaging.py)."""
+    from tests.clock import skip_if_moved
+    from tests.packaging import install_wheel
+
+    skip_if_moved()
+    return install_wheel(tmp_path_factory.mktemp("installed"))

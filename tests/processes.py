@@ -27,6 +27,10 @@ def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Po
     settings = connection.settings_dict
     environment = {
         **os.environ,
+        # Its output is a pipe read when the process has ended: at INFO, a dispatcher's line per
+        # delivery (docs/observability.md) fills it and blocks the process mid-test. Tests that
+        # look at those lines ask for INFO (or DEBUG) themselves.
+        "DJANGO_LOG_LEVEL": "WARNING",
         **environment_overrides,
         "DJANGO_SETTINGS_MODULE": "broker.settings",
         "DATABASE_URL": (

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from consumers import safety
-from consumers.safety import (
+from broker.consumers import safety
+from broker.consumers.safety import (
     SafeResolver,
     UnsafeCallback,
     UnsafeDeliveryAddress,

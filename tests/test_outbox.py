@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,13 +25,13 @@ import pytest
 from django.db import connection, transaction
 
 from broker import publish
+from broker.consumers.models import Consumer
+from broker.jobs.delivery import deliver
+from broker.jobs.dispatch import Dispatcher, DispatcherConfig
+from broker.jobs.models import Job
+from broker.jobs.states import DELIVERED, QUEUED
 from broker.models import Message
 from broker.publishing import DuplicateMessage
-from consumers.models import Consumer
-from jobs.delivery import deliver
-from jobs.dispatch import Dispatcher, DispatcherConfig
-from jobs.models import Job
-from jobs.states import DELIVERED, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,9 +196,11 @@ class TestInProcess:
 
 
 class HostProject:
-    """docs/examples/outbox_host on a database of its own, run with `manage.py`."""
+    """docs/examples/outbox_host on a database of its own, run with `manage.py` by the Python of
+    a venv where the broker's wheel is installed (tests/packaging.py), as a host project has it."""
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, python: Path) -> None:
+        self.python = str(python)
         settings = connection.settings_dict
         user, password = quote(settings["USER"] or ""), quote(settings["PASSWORD"] or "")
         credentials = f"{user}:{password}" if password else user
@@ -210,11 +211,10 @@ class HostProject:
             "password": settings["PASSWORD"] or None,
         }
         self.database = database
-        # Only what a deployment of the host would have: the broker comes from PYTHONPATH (as a
-        # `pip install` would provide it), nothing from this test run's settings or environment.
+        # Only what a deployment of the host would have: the broker comes from the installed
+        # wheel, nothing from this checkout, this test run's settings or its environment.
         self.environment = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": str(ROOT),
             "PYTHONDONTWRITEBYTECODE": "1",
             "DATABASE_URL": (
                 f"postgres://{credentials}@{settings['HOST']}:{settings['PORT']}/{database}"
@@ -232,7 +232,7 @@ class HostProject:
 
     def manage(self, *arguments: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "manage.py", *arguments],
+            [self.python, "manage.py", *arguments],
             cwd=EXAMPLE,
             env=self.environment,
             capture_output=True,
@@ -243,7 +243,7 @@ class HostProject:
 
     def start(self, *arguments: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "manage.py", *arguments],
+            [self.python, "manage.py", *arguments],
             cwd=EXAMPLE,
             env=self.environment,
             stdout=subprocess.PIPE,
@@ -262,8 +262,8 @@ JOIN {Consumer._meta.db_table} c ON c.id = j.consumer_id
 
 
 @pytest.fixture
-def host() -> Iterator[HostProject]:
-    host = HostProject(f"outbox_example_{os.getpid()}")
+def host(installed_broker) -> Iterator[HostProject]:
+    host = HostProject(f"outbox_example_{os.getpid()}", installed_broker.python)
     host.admin_sql(f"DROP DATABASE IF EXISTS {host.database} WITH (FORCE)")
     host.admin_sql(f"CREATE DATABASE {host.database}")
     yield host

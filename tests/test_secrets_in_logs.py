@@ -6,7 +6,8 @@ imported signing secret, broadcast, pull, fail authentication in every way, use 
 key, deliver signed webhooks, rotate the signing secret and deliver again, and let a real
 `manage.py dispatch` process deliver too. Every logger runs at DEBUG (SQL with its parameters
 included) and so does the dispatcher process; then every secret value is looked for in the
-captured logs, the process's output and every response (bodies and headers).
+captured logs, the process's output and every response (bodies and headers). Issue 16 added the
+delivery and access lines, checked as rendered in both BROKER_LOG_FORMATs (text and json).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from django.core.management import call_command
 from django.db import connection
 
 from broker import publish
-from jobs.delivery import AttemptResult, deliver
-from jobs.dispatch import Dispatcher, DispatcherConfig
-from jobs.models import Job
-from jobs.states import DELIVERED
+from broker.consumers.models import Consumer
+from broker.jobs.delivery import AttemptResult, deliver
+from broker.jobs.dispatch import Dispatcher, DispatcherConfig
+from broker.jobs.models import Job
+from broker.jobs.states import DELIVERED
 from tests.conftest import FORM
 from tests.processes import start_dispatcher, wait_until
 from tests.receiver import Reply
@@ -323,3 +325,152 @@ def test_the_admin_consumer_page_does_not_show_signing_secrets(client):
     text = page.content.decode()
     assert secret not in text
     assert consumer.previous_signing_secret not in text
+
+
+@pytest.fixture
+def traced():
+    """Tracing on (issue 16), spans kept in memory: their attributes must not carry secrets
+    either, as an exporter would send them on."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from broker import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use(provider)
+    yield exporter
+    tracing.use(None)
+    provider.shutdown()
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_delivery_and_access_lines_carry_no_secret_in_either_format(
+    client, settings, receiver, all_logs, traced, log_format
+):
+    """Issue 16's lines: a line per delivery outcome (delivered, retried, dead, unanswered) to a
+    consumer with a token, a signing secret and a callback URL with a password and a token in
+    its query, a producer's secret kept as a metadata header; a line per request, with tokens
+    in headers and query strings. Every captured record is rendered in `log_format` as the
+    broker writes it, and a dispatcher process runs with BROKER_LOG_FORMAT=`log_format`."""
+    from broker.logs import TEXT_FORMAT, json_formatter
+
+    values = {
+        "admin token": new_secret("admin"),
+        "channel token": new_secret("channel"),
+        "producer token": new_secret("producer"),
+        "consumer token": new_secret("consumer"),
+        "signing secret": signing_secret(),
+        "callback password": new_secret("password"),
+        "callback query token": new_secret("query"),
+        "kept metadata secret": new_secret("metadata"),
+        "query token": new_secret("in-query"),
+        "wrong admin token": new_secret("wrong-admin"),
+    }
+    settings.BROKER_ADMIN_TOKENS = [values["admin token"]]
+    api = Session(client, {"Authorization": f"Bearer {values['admin token']}"})
+    query = f"?token={values['query token']}&api_key={values['query token']}"
+    assert api.call("PUT", f"/channel/orders{query}", f"token={values['channel token']}")
+    assert api.call("PUT", "/producer/shop", f"token={values['producer token']}")
+    callback = (
+        f"http://hook:{values['callback password']}@127.0.0.1:{receiver.port}/hook"
+        f"?token={values['callback query token']}"
+    )
+    created = api.call(
+        "PUT",
+        f"/channel/orders/consumer/billing{query}",
+        f"callbackUrl={quote(callback, safe='')}&token={values['consumer token']}"
+        f"&signingSecret={quote(values['signing secret'])}",
+    )
+    assert created.status_code == 200, created.content
+
+    producer = {
+        "X-Broker-Channel-Token": values["channel token"],
+        "X-Broker-Producer-ID": "shop",
+        "X-Broker-Producer-Token": values["producer token"],
+        "X-Broker-Metadata-Headers": "X-Api-Key",
+        "X-Api-Key": values["kept metadata secret"],
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    }
+    replies = [Reply(200), Reply(503), Reply(410)]
+    for number, reply in enumerate(replies):
+        receiver.replies["/hook"] = reply
+        sent = api.call(
+            "POST",
+            f"/channel/orders/broadcast{query}",
+            b'{"order": 1}',
+            content_type="application/json",
+            headers={**producer, "X-Broker-Message-ID": f"m-{number}"},
+            as_admin=False,
+        )
+        assert sent.status_code == 201
+        deliver_due()
+    assert receiver.received[-1].headers["X-Api-Key"] == values["kept metadata secret"]
+    assert receiver.received[-1].headers["Authorization"].startswith("Basic ")  # userinfo
+    wrong = {"Authorization": f"Bearer {values['wrong admin token']}"}
+    assert api.call("GET", f"/channels{query}", headers=wrong, as_admin=False).status_code == 401
+    assert api.call("GET", f"/channels{query}").status_code == 200
+
+    # Unanswered: the same URL's secrets, on a port that refuses (its error lands in the line).
+    Consumer.objects.filter(public_id="billing").update(
+        callback_url=callback.replace(f":{receiver.port}/", ":9/"), paused=False
+    )
+    publish("orders", b"unanswered", producer="shop", message_id="m-refused")
+    [unanswered] = deliver_due()
+    assert unanswered.error_class == "connection"
+
+    # A dispatcher process writing this format.
+    receiver.replies["/hook"] = Reply(200)
+    Consumer.objects.filter(public_id="billing").update(callback_url=callback)
+    publish("orders", b"by the process", producer="shop", message_id="m-process")
+    process = start_dispatcher(
+        BROKER_LOG_FORMAT=log_format, DJANGO_LOG_LEVEL="DEBUG", DJANGO_DEBUG="true"
+    )
+    try:
+        wait_until(
+            lambda: Job.objects.filter(message__public_id="m-process", status=DELIVERED).exists(),
+            seconds=30,
+        )
+        process.send_signal(signal.SIGTERM)
+        dispatcher_output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+    # The test's receiver stands for the consumer's own server: its access log (aiohttp's) is
+    # the consumer's business, and shows the query it was called with.
+    records = [record for record in all_logs.records if record.name != "aiohttp.access"]
+    formatter = json_formatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    rendered = "\n".join(formatter.format(record) for record in records)
+    # Stored as given, in plain text: the callback URL (shown to admins), and a metadata header,
+    # which is the producer's data as its payload is. SQL statement logging at DEBUG shows them
+    # as it shows every value written, so for them the statements are left out.
+    stored_plain = {"callback password", "callback query token", "kept metadata secret"}
+    rendered_without_sql = "\n".join(
+        formatter.format(record) for record in records if record.name != "django.db.backends"
+    )
+    outcomes = [r for r in records if r.name == "broker.deliveries"]
+    assert {r.outcome for r in outcomes} == {"delivered", "retry", "dead"}
+    assert any(r.levelno == logging.WARNING for r in outcomes)
+    assert any(r.name == "broker.access" and r.status == 401 for r in records)
+    assert '"logger": "broker.deliveries"' in dispatcher_output or log_format == "text"
+    assert "broker.deliveries" in dispatcher_output
+    spans = repr([(s.name, s.attributes, s.status, s.events) for s in traced.get_finished_spans()])
+    assert "deliver orders" in spans
+
+    leaks = []
+    for name, value in values.items():
+        needles = [value, quote(value, safe="")]
+        if value.startswith("whsec_"):
+            needles.append(value.removeprefix("whsec_"))
+        for needle in needles:
+            for where, text in [
+                ("the logs", rendered_without_sql if name in stored_plain else rendered),
+                ("the dispatcher's output", dispatcher_output),
+                ("the spans", spans),
+            ]:
+                if needle in text:
+                    leaks.append(f"{name} in {where}")
+    assert leaks == [], "\n".join(leaks)

@@ -1,4 +1,5 @@
-"""The UI's Content-Security-Policy in headless Chromium (ui/csp.py): the main pages, the admin
+"""The UI's Content-Security-Policy in headless Chromium (broker/ui/csp.py): the main pages, the
+admin
 login page and the confirmation dialogs work under it, and Chromium reports no violation.
 
 Chromium reports each blocked script, style or form target as a `securitypolicyviolation` event;
@@ -14,8 +15,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from broker import publish
+from broker.jobs.models import Job
 from broker.periodic_edits import PeriodicMessagePostForm, create_periodic
-from jobs.models import Job
 from tests.browser import browser_test, log_in
 from tests.helpers import make_channel, make_consumer, make_producer
 

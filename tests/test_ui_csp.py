@@ -1,4 +1,4 @@
-"""The operator UI's Content-Security-Policy (ui/csp.py; issue 14 §6).
+"""The operator UI's Content-Security-Policy (broker/ui/csp.py; issue 14 §6).
 
 Every /ui/ response and the admin login page carry the policy; the rest of the site does not
 (the admin's other pages keep Django's own headers). The templates hold nothing the policy would
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
+from broker.ui.csp import HEADER, POLICY
 from tests.helpers import make_channel, make_consumer, make_job
-from ui.csp import HEADER, POLICY
 
 pytestmark = pytest.mark.django_db
 

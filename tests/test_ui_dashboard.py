@@ -14,13 +14,13 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from broker.consumers.models import Consumer
+from broker.jobs.models import DeliveryAttempt, DeliveryStats, DispatcherHeartbeat, Job
+from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from broker.jobs.stats import refresh_delivery_stats
 from broker.models import Channel, Message
-from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, DeliveryStats, DispatcherHeartbeat, Job
-from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from jobs.stats import refresh_delivery_stats
+from broker.ui.charts import Series, compact_number, nice_scale, stacked_bars
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
-from ui.charts import Series, compact_number, nice_scale, stacked_bars
 
 pytestmark = pytest.mark.django_db
 SVG = "{http://www.w3.org/2000/svg}"
@@ -202,7 +202,7 @@ def test_stale_dispatchers_are_flagged(staff_client, broker_state):
 
 
 def test_counts_past_the_bound_show_a_plus(staff_client, broker_state, monkeypatch):
-    monkeypatch.setattr("ui.dashboard.COUNT_LIMIT", 2)
+    monkeypatch.setattr("broker.ui.dashboard.COUNT_LIMIT", 2)
 
     response = staff_client.get("/ui/")
 
@@ -283,7 +283,8 @@ def test_an_empty_broker_shows_an_empty_dashboard(staff_client):
     assert html.count("Nothing yet") == 2  # both charts
 
 
-# --- ui/charts.py -------------------------------------------------------------------------------
+# --- broker/ui/charts.py
+# -------------------------------------------------------------------------------
 
 
 def test_stacked_bars_scale_to_the_tallest_bar():

@@ -11,9 +11,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from broker.jobs.models import DeliveryAttempt, Job
+from broker.jobs.states import DEAD, DELIVERED, QUEUED
 from broker.models import Channel
-from jobs.models import DeliveryAttempt, Job
-from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_consumer, make_job, make_operator
 
 pytestmark = pytest.mark.django_db
@@ -100,7 +100,7 @@ def test_filters(staff_client):
 
 
 def test_pages_follow_a_cursor_without_counting(staff_client, monkeypatch):
-    monkeypatch.setattr("ui.paging.PAGE_SIZE", 2)
+    monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     jobs = [dead_job(died_ago=timedelta(minutes=minutes)) for minutes in range(5)]
 
     seen = []

@@ -12,10 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from broker import publish
+from broker.consumers.models import Consumer
+from broker.jobs.models import DeliveryAttempt, Job
+from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from broker.models import Message
-from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, Job
-from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 
 pytestmark = pytest.mark.django_db
@@ -172,7 +172,7 @@ def test_a_numeric_id_finds_both_the_message_id_and_the_internal_id(staff_client
 
 
 def test_recent_messages_page_by_keyset_without_counting(staff_client, channel, monkeypatch):
-    monkeypatch.setattr("ui.paging.PAGE_SIZE", 2)
+    monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     make_consumer(channel, "billing")
     ids = [publish(channel, b"x", producer="shop", message_id=f"m-{n}").pk for n in range(5)]
     publish(make_channel("refunds"), b"x", producer="shop", message_id="elsewhere")
@@ -297,7 +297,7 @@ def test_the_message_page_query_count_does_not_grow_with_jobs_or_attempts(staff_
 
     assert len(response.context["attempts"]) == 24
     assert len(many) == len(one)
-    assert len(many) <= 9  # two of them load the operator's permissions (ui/access.py)
+    assert len(many) <= 9  # two of them load the operator's permissions (broker/ui/access.py)
 
 
 # --- replay --------------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils.html import escape
 
 from broker import publish
+from broker.jobs.models import Job
 from broker.models import Message, PeriodicMessage
 from broker.periodic import run_due_ticks
 from broker.scheduling import release_due_messages
-from jobs.models import Job
+from broker.ui.schedule_pages import ScheduledFilters, pending_messages
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
-from ui.schedule_pages import ScheduledFilters, pending_messages
 
 pytestmark = pytest.mark.django_db
 
@@ -174,7 +174,7 @@ def test_the_list_shows_pending_messages_soonest_first(staff_client, orders, clo
 def test_scheduled_pages_follow_a_cursor_with_a_fixed_number_of_queries(
     staff_client, orders, clock, monkeypatch
 ):
-    monkeypatch.setattr("ui.paging.PAGE_SIZE", 2)
+    monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     # Two share one instant: the id breaks the tie, so neither is skipped nor shown twice.
     times = [LATER, LATER, LATER, NOW + timedelta(hours=2), NOW + timedelta(days=1)]
     expected = [scheduled(f"s{number}", when).public_id for number, when in enumerate(times)]
@@ -515,7 +515,7 @@ def test_the_periodic_list(staff_client, orders, clock):
 def test_periodic_pages_follow_a_cursor_with_a_fixed_number_of_queries(
     staff_client, orders, clock, monkeypatch
 ):
-    monkeypatch.setattr("ui.paging.PAGE_SIZE", 2)
+    monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     names = [f"p{number}" for number in range(5)]
     for name in names:
         create_via_api(name)

@@ -40,6 +40,8 @@ HEADERS = [
         False,
         "RFC 3339 time to release the message at, at least BROKER_MIN_SCHEDULE_DELAY_SECONDS away",
     ),
+    ("traceparent", False, "W3C trace context, continued by the deliveries; malformed: ignored"),
+    ("tracestate", False, "W3C trace state, kept with traceparent"),
 ]
 
 
@@ -96,6 +98,9 @@ class BroadcastView(APIView):
             content_type=request.headers.get("Content-Type") or DEFAULT_CONTENT_TYPE,
             ordering_key=request.headers.get("X-Broker-Ordering-Key", "").strip(),
             scheduled_for=scheduled_for,
+            # The producer's W3C trace context, continued by the deliveries (malformed: ignored).
+            traceparent=request.headers.get("traceparent"),
+            tracestate=request.headers.get("tracestate"),
         )
         kind = "message" if scheduled_for is None else "scheduled-message"
         location = f"/channel/{channel_id}/{kind}/{message.public_id}"

@@ -19,8 +19,8 @@ INSTALLED_APPS = [
     # The broker's apps (they need no contrib app): channels, producers and messages; consumers;
     # jobs and the dispatcher. With django.contrib.admin installed, they appear in the admin.
     "broker",
-    "consumers",
-    "jobs",
+    "broker.consumers",
+    "broker.jobs",
     # The shop's own.
     "shop",
 ]

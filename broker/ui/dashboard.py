@@ -1,0 +1,254 @@
+"""Dashboard: queue depth, rates, latency, circuits, heartbeats, charts (served at /ui/).
+
+A fixed number of queries whatever the number of jobs and attempts: the consumers, their bounded
+queue counts (broker/jobs/queue_depth.py), the last hour's minute rows and the last day's hour rows
+of
+the delivery statistics rollup (broker/jobs/stats.py), the dispatcher heartbeats, and two index
+probes
+that tell whether the rollup is being refreshed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import URLPattern, path
+from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from broker.consumers.models import Consumer
+from broker.jobs.dispatch import HOUSEKEEPING_SECONDS
+from broker.jobs.models import DispatcherHeartbeat
+from broker.jobs.queue_depth import COUNT_LIMIT, BoundedCount, QueueDepth, queue_depths
+from broker.jobs.stats import (
+    HOUR,
+    MINUTE,
+    Recent,
+    Tally,
+    last_attempt_at,
+    last_counted_minute,
+    recent,
+)
+from broker.jobs.stats import recount_window as stats_recount_window
+from broker.ui.access import VIEW_JOBS, operator_view
+from broker.ui.charts import Series, stacked_bars
+
+# Dispatchers beat every HOUSEKEEPING_SECONDS; six missed beats and one is flagged as stale.
+STALE_AFTER = timedelta(seconds=6 * HOUSEKEEPING_SECONDS)
+HEARTBEATS_SHOWN = 50  # a crashed dispatcher leaves its row; the newest ones matter
+DELIVERED_COLOUR, FAILED_COLOUR = "#2e7d32", "#c62828"
+NOT_APPLICABLE = "—"
+
+
+@dataclass
+class ConsumerRow:
+    consumer: Consumer
+    depth: QueueDepth
+    circuit: str  # closed, open, half-open
+    hour: Tally
+    day: Tally
+    hour_seconds: float
+
+    @property
+    def delivery_rate(self) -> str:
+        if not self.hour.attempts:
+            return NOT_APPLICABLE
+        return format_rate(self.hour.delivered / self.hour_seconds)
+
+    @property
+    def success_hour(self) -> str:
+        return format_percent(self.hour.success_rate)
+
+    @property
+    def success_day(self) -> str:
+        return format_percent(self.day.success_rate)
+
+    @property
+    def p50(self) -> str:
+        return format_latency(self.hour.latency_ms(0.5))
+
+    @property
+    def p95(self) -> str:
+        return format_latency(self.hour.latency_ms(0.95))
+
+
+@dataclass
+class ChannelGroup:
+    channel_id: str
+    name: str
+    rows: list[ConsumerRow] = field(default_factory=list)
+
+
+@dataclass
+class Beat:
+    heartbeat: DispatcherHeartbeat
+    age: timedelta
+
+    @property
+    def stale(self) -> bool:
+        return self.age > STALE_AFTER
+
+
+@operator_view(get=VIEW_JOBS)
+def dashboard(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    last_hour, last_day = recent(MINUTE, 60, now), recent(HOUR, 24, now)
+    groups = channel_groups(
+        consumers_in_order(), queue_depths(COUNT_LIMIT), last_hour, last_day, now
+    )
+    rows = [row for group in groups for row in group.rows]
+    beats = [
+        Beat(beat, now - beat.last_beat_at)
+        for beat in DispatcherHeartbeat.objects.order_by("-last_beat_at")[:HEARTBEATS_SHOWN]
+    ]
+    context = {
+        "groups": groups,
+        "tiles": tiles(rows, last_hour, beats, (now - last_hour.since).total_seconds()),
+        "beats": beats,
+        "stale_after": int(STALE_AFTER.total_seconds()),
+        "minute_chart": deliveries_chart(
+            "Deliveries per minute, last hour", last_hour, "minute", 10
+        ),
+        "hour_chart": deliveries_chart("Deliveries per hour, last 24 hours", last_day, "hour", 3),
+        "stats_behind": stats_behind(),
+        "count_limit": f"{COUNT_LIMIT:,}",
+        "now": now,
+    }
+    return render(request, "ui/dashboard.html", context)
+
+
+def consumers_in_order() -> QuerySet[Consumer]:
+    """Every consumer with its channel, without the encrypted token and secrets."""
+    fields = ["public_id", "name", "type", "paused", "circuit_open_until", "channel__name"]
+    return (
+        Consumer.objects.select_related("channel").only(*fields).order_by("channel_id", "public_id")
+    )
+
+
+def channel_groups(
+    consumers: QuerySet[Consumer],
+    depths: dict[int, QueueDepth],
+    last_hour: Recent,
+    last_day: Recent,
+    now: datetime,
+) -> list[ChannelGroup]:
+    groups: dict[str, ChannelGroup] = {}
+    none = BoundedCount(0, COUNT_LIMIT)
+    for consumer in consumers:
+        group = groups.setdefault(
+            consumer.channel_id, ChannelGroup(consumer.channel_id, consumer.channel.name)
+        )
+        row = ConsumerRow(
+            consumer=consumer,
+            depth=depths.get(consumer.pk, QueueDepth(none, none, none)),  # one created meanwhile
+            circuit=consumer.circuit_state(now),
+            hour=last_hour.per_consumer.get(consumer.pk, Tally()),
+            day=last_day.per_consumer.get(consumer.pk, Tally()),
+            hour_seconds=(now - last_hour.since).total_seconds(),
+        )
+        group.rows.append(row)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class Tile:
+    label: str
+    value: str
+    alert: bool = False  # drawn in red: something needs an operator
+    note: str = ""
+
+
+def tiles(rows: list[ConsumerRow], hour: Recent, beats: list[Beat], seconds: float) -> list[Tile]:
+    open_circuits = sum(row.circuit == "open" for row in rows)
+    paused = sum(row.consumer.paused for row in rows)
+    alive = sum(not beat.stale for beat in beats)
+    dead = [row.depth.dead for row in rows]
+    return [
+        Tile("Queued", total([row.depth.queued for row in rows])),
+        Tile("In flight", total([row.depth.in_flight for row in rows])),
+        Tile("Dead", total(dead), alert=any(count.value for count in dead)),
+        Tile(
+            "Delivered, last hour",
+            f"{hour.total.delivered:,}",
+            note=format_rate(hour.total.delivered / seconds) if hour.total.attempts else "",
+        ),
+        Tile("Success rate, last hour", format_percent(hour.total.success_rate)),
+        Tile("p95 latency, last hour", format_latency(hour.total.latency_ms(0.95))),
+        Tile("Open circuits", str(open_circuits), alert=open_circuits > 0),
+        Tile("Paused consumers", str(paused), alert=paused > 0),
+        # Only no live dispatcher at all is an alert: a killed one leaves a stale row behind.
+        Tile("Dispatchers", f"{alive} of {len(beats)}", alert=alive == 0),
+    ]
+
+
+def total(counts: list[BoundedCount]) -> str:
+    """The sum of bounded counts, "+" when any of them stopped at its bound."""
+    value = sum(min(count.value, count.limit) for count in counts)
+    return f"{value:,}+" if any(count.capped for count in counts) else f"{value:,}"
+
+
+def deliveries_chart(title: str, recent: Recent, unit: str, label_every: int) -> SafeString:
+    """Delivered and failed attempts per period; x labels every `label_every` units ("minute"
+    or "hour") on the clock: 14:10, 14:20, ... rather than 14:07, 14:17, ..."""
+    periods = sorted(recent.per_period)
+    tallies = [recent.per_period[period] for period in periods]
+    series = [
+        Series("delivered", [tally.delivered for tally in tallies], DELIVERED_COLOUR),
+        Series("failed", [tally.failed for tally in tallies], FAILED_COLOUR),
+    ]
+    labels = [period.strftime("%H:%M") for period in periods]
+    on_the_clock = (i for i, p in enumerate(periods) if getattr(p, unit) % label_every == 0)
+    first = next(on_the_clock, 0)
+    return stacked_bars(
+        f"{title} (UTC)", labels, series, label_every=label_every, first_label=first
+    )
+
+
+@dataclass(frozen=True)
+class StatsLag:
+    last_counted: datetime | None  # the rollup's newest minute
+    last_attempt: datetime
+
+
+def stats_behind() -> StatsLag | None:
+    """Set when attempts are newer than the rollup's newest minute by more than a running
+    refresh lets happen: the refresh has stopped (or never ran)."""
+    last_attempt, last_counted = last_attempt_at(), last_counted_minute()
+    if last_attempt is None:
+        return None
+    allowance = stats_recount_window() + timedelta(minutes=3)  # a refresh runs every minute
+    if last_counted is None or last_attempt - last_counted > allowance:
+        return StatsLag(last_counted, last_attempt)
+    return None
+
+
+def format_percent(rate: float | None) -> str:
+    if rate is None:
+        return NOT_APPLICABLE
+    if rate == 1:
+        return "100%"
+    text = f"{rate:.1%}"
+    return ">99.9%" if text == "100.0%" else text  # a few failures in 10,000 still show
+
+
+def format_rate(per_second: float) -> str:
+    return f"{per_second:,.1f}/s" if per_second >= 1 else f"{per_second * 60:,.1f}/min"
+
+
+def format_latency(ms: float | None) -> str:
+    if ms is None:
+        return NOT_APPLICABLE
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 3_600_000:
+        return f"{ms / 60_000:.1f} min"
+    return f"{ms / 3_600_000:.1f} h"
+
+
+urlpatterns: list[URLPattern] = [path("", dashboard, name="dashboard")]

@@ -1,0 +1,34 @@
+"""Routes of the operator UI, included under /ui/ by broker/urls.py. Each page area keeps its
+own `urlpatterns` next to its views."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponsePermanentRedirect
+from django.urls import path, re_path
+
+from broker.ui import consumer_pages, dashboard, message_pages, report_pages, schedule_pages, views
+
+app_name = "ui"
+
+
+def without_slash(request: HttpRequest, page: str) -> HttpResponsePermanentRedirect:
+    """308, so that a form posted to `/ui/x/` is posted again to `/ui/x`."""
+    query = request.META.get("QUERY_STRING", "")
+    target = request.path.rstrip("/") + (f"?{query}" if query else "")
+    return HttpResponsePermanentRedirect(target, status=308)
+
+
+urlpatterns = [
+    path("dead-jobs", views.dead_jobs, name="dead-jobs"),
+    path("dead-jobs/bulk", views.bulk_action, name="bulk-action"),
+    path("dead-jobs/requeue-since", views.requeue_since, name="requeue-since"),
+    path("jobs/<str:job_id>", views.job_detail, name="job"),
+    path("jobs/<str:job_id>/requeue", views.requeue_job, name="requeue-job"),
+    *dashboard.urlpatterns,
+    *consumer_pages.urlpatterns,
+    *message_pages.urlpatterns,
+    *schedule_pages.urlpatterns,
+    *report_pages.urlpatterns,
+    # Last: any page asked for with a trailing slash is the page without it.
+    re_path(r"^(?P<page>.+)/$", without_slash, name="without-slash"),
+]

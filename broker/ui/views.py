@@ -1,0 +1,178 @@
+"""Dead jobs and job detail pages. Views stay thin: every status change goes through the job
+state machine's own methods (`Job.requeue`, `JobQuerySet.requeue_dead`) and `delete_jobs`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.db.models import BinaryField, F, Func, OuterRef, Q, QuerySet, Subquery, Value
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+
+from broker.consumers.models import Consumer
+from broker.jobs.models import DeliveryAttempt, Job, delete_jobs
+from broker.jobs.states import DEAD, ForbiddenTransition, TransitionConflict
+from broker.models import Message
+from broker.ui import inputs, paging
+from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
+
+PREVIEW_BYTES = 4096
+# The dead jobs list's bulk actions, each with its permission.
+BULK_ACTIONS = {"requeue": CHANGE_JOBS, "delete": DELETE_JOBS}
+# Newest change first: the order of the partial index job_dead_recent_idx.
+DEAD_JOBS_ORDER = paging.Keyset(
+    "status_changed_at", "pk", inputs.moment, inputs.primary_key, descending=True
+)
+
+
+class DeadJobFilters(forms.Form):
+    channel = inputs.IdField()
+    consumer = inputs.IdField()
+    since = inputs.MomentField()
+    until = inputs.MomentField()
+    status_code = forms.IntegerField(required=False, min_value=100, max_value=599)
+    error = inputs.TextField()
+    cursor = DEAD_JOBS_ORDER.cursor_field()
+
+    def apply(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        data = self.cleaned_data
+        if data["channel"]:
+            jobs = jobs.filter(consumer__channel_id=data["channel"])
+        if data["consumer"]:
+            jobs = jobs.filter(consumer__public_id=data["consumer"])
+        if data["since"]:
+            jobs = jobs.filter(status_changed_at__gte=data["since"])
+        if data["until"]:
+            jobs = jobs.filter(status_changed_at__lt=data["until"])
+        if data["status_code"] is not None:
+            # A Q object: the annotation is unknown to the type checker's model of Job.
+            jobs = jobs.filter(Q(last_status_code=data["status_code"]))
+        if data["error"]:
+            jobs = jobs.filter(last_error__icontains=data["error"])
+        return DEAD_JOBS_ORDER.after(jobs, data["cursor"])
+
+
+class RequeueSinceForm(forms.Form):
+    channel = inputs.IdField(required=True)
+    consumer = inputs.IdField(required=True)
+    since = inputs.MomentField(required=True)
+
+
+def dead_jobs_with_last_status() -> QuerySet[Job]:
+    last_attempt = DeliveryAttempt.objects.filter(job=OuterRef("pk")).order_by("-started_at")
+    return DEAD_JOBS_ORDER.ordered(
+        Job.objects.filter(status=DEAD)
+        .select_related("message", "consumer")
+        .defer("message__payload")  # never load payloads for a listing
+        .annotate(last_status_code=Subquery(last_attempt.values("status_code")[:1]))
+    )
+
+
+@operator_view(get=VIEW_JOBS)
+def dead_jobs(request: HttpRequest) -> HttpResponse:
+    filters = DeadJobFilters(request.GET)
+    inputs.valid(filters)
+    jobs = filters.apply(dead_jobs_with_last_status())
+    page = paging.page_of(request, jobs, DEAD_JOBS_ORDER.cursor_of)
+    context = {
+        "filters": filters,
+        "jobs": page.rows,
+        # The ticks of the rows only for users who may requeue or delete them.
+        "may_act": any(request.user.has_perm(name) for name in BULK_ACTIONS.values()),
+        **page.links(),
+    }
+    return render(request, "ui/dead_jobs.html", context)
+
+
+@operator_view(get=VIEW_JOBS)
+def job_detail(request: HttpRequest, job_id: str) -> HttpResponse:
+    job = get_object_or_404(
+        Job.objects.select_related("message", "consumer")
+        .defer("message__payload")
+        .with_public_id(job_id)
+    )
+    context = {
+        "job": job,
+        "message": job.message,
+        "preview": message_preview(job.message),
+        "attempts": job.delivery_attempts.order_by("started_at"),
+    }
+    return render(request, "ui/job.html", context)
+
+
+def message_preview(message: Message) -> str | None:
+    """The start of an inline payload as text; None when it is offloaded (it is not read). Only
+    the first PREVIEW_BYTES leave the database, however large the payload."""
+    if message.payload_file:
+        return None
+    head = (
+        Message.objects.filter(pk=message.pk)
+        .annotate(
+            head=Func(
+                F("payload"),
+                Value(1),
+                Value(PREVIEW_BYTES),
+                function="SUBSTR",
+                output_field=BinaryField(),
+            )
+        )
+        .values_list("head", flat=True)
+        .get()
+    )
+    return bytes(head).decode("utf-8", errors="replace")
+
+
+@operator_view(post=CHANGE_JOBS)
+def requeue_job(request: HttpRequest, job_id: str) -> HttpResponse:
+    job = get_object_or_404(Job.objects.with_public_id(job_id))
+    try:
+        job.requeue()
+    except (ForbiddenTransition, TransitionConflict) as error:
+        messages.error(request, str(error))
+    else:
+        messages.success(request, f"Job {job.public_id} was requeued.")
+    return redirect("ui:job", job_id=job.public_id)
+
+
+@operator_view(post=VIEW_JOBS)  # and the permission of the action chosen, below
+def bulk_action(request: HttpRequest) -> HttpResponse:
+    action = request.POST.get("action", "")
+    if action not in BULK_ACTIONS:
+        messages.error(request, "Unknown action.")
+        return back_to_list(request)
+    require(request, BULK_ACTIONS[action])
+    ids = inputs.job_keys(request.POST.getlist("job"), "job")
+    selected = Job.objects.filter(pk__in=ids)
+    if not ids:
+        messages.warning(request, "No jobs were selected.")
+    elif action == "requeue":
+        messages.success(request, f"Requeued {selected.requeue_dead()} of {len(ids)} jobs.")
+    else:
+        deleted = delete_jobs(selected.filter(status=DEAD))
+        messages.success(request, f"Deleted {deleted} of {len(ids)} jobs.")
+    return back_to_list(request)
+
+
+@operator_view(post=CHANGE_JOBS)
+def requeue_since(request: HttpRequest) -> HttpResponse:
+    data: dict[str, Any] = inputs.valid(RequeueSinceForm(request.POST))
+    consumer = get_object_or_404(Consumer, channel_id=data["channel"], public_id=data["consumer"])
+    dead = Job.objects.filter(consumer=consumer, status_changed_at__gte=data["since"])
+    count = dead.requeue_dead()
+    messages.success(request, f"Requeued {count} dead jobs of {consumer.public_id}.")
+    return back_to_list(request)
+
+
+def back_to_list(request: HttpRequest) -> HttpResponseRedirect:
+    return redirect_back(request, reverse("ui:dead-jobs"))
+
+
+def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
+    """To the page the form was on (its filters kept), if that is a page of this site."""
+    target = request.POST.get("next", "")
+    if not inputs.is_local_url(target, request.get_host()):
+        target = default
+    return HttpResponseRedirect(target)

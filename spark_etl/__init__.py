@@ -1,1 +1,0 @@
-"""Delivery analytics and archival on PySpark (SPEC §8). Importable without Django."""
