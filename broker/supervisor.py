@@ -2,12 +2,14 @@
 
 Used by `manage.py runbroker`. Each process gets its own session, so a Ctrl-C in the terminal
 reaches only the supervisor, which then asks every process to stop with SIGTERM (the graceful
-shutdown each of them implements) and kills those still running after the allowed time. When a
-process ends by itself, the others are stopped the same way and the run fails.
+shutdown each of them implements) and kills what is left of their process groups after the
+allowed time. When a process ends by itself, the others are stopped the same way and the run
+fails. (A supervisor killed with SIGKILL cannot stop anything: its processes go on.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -82,16 +84,20 @@ class Supervisor:
         return None
 
     def _stop_all(self) -> None:
-        running = [c.process for c in self.children if c.process and c.process.poll() is None]
-        for process in running:
-            process.send_signal(signal.SIGTERM)
+        """SIGTERM to each process, which stops its own workers gracefully; then, after the
+        allowed time or once it has ended, SIGKILL to anything left in its process group, so
+        no worker outlives the run."""
+        processes = [child.process for child in self.children if child.process]
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_seconds
-        for process in running:
-            try:
+        for process in processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its group: its pid (own session)
+            process.wait()
         for child in self.children:
             if child.reader:
                 child.reader.join(timeout=5)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -170,8 +171,12 @@ def configure() -> None:
     """Start tracing in this process if the OTEL_* variables ask for it (AppConfig.ready).
 
     A host project that already set up OpenTelemetry (its own TracerProvider) keeps it: the
-    broker's spans go to that provider.
+    broker's spans go to that provider, and the OTEL_* variables are the host's business.
     """
+    host_provider = _provider_set_by_host()
+    if host_provider is not None:
+        use(host_provider)
+        return
     names = exporter_names()
     if not names:
         return
@@ -182,6 +187,16 @@ def configure() -> None:
         provider = _sdk_provider(names)
         trace.set_tracer_provider(provider)
     use(provider)
+
+
+def _provider_set_by_host() -> TracerProvider | None:
+    """The provider a host project set before the broker's apps were ready, if any. A host that
+    set one has imported the API; looking in sys.modules keeps OpenTelemetry unimported here."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    return None if isinstance(provider, trace.ProxyTracerProvider) else provider
 
 
 def _sdk_provider(names: tuple[str, ...]) -> TracerProvider:

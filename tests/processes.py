@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -70,3 +71,21 @@ def kill_if_running(*processes: subprocess.Popen[str]) -> None:
     for process in processes:
         if process.poll() is None:
             process.kill()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on 127.0.0.1."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        return int(listener.getsockname()[1])
+
+
+def group_is_running(group: int) -> bool:
+    """Whether any process of the process group `group` is alive (zombies excepted)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended while we looked
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False

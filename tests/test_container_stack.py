@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,7 +33,7 @@ from broker.jobs.models import Job
 from broker.jobs.states import DELIVERED
 from tests.clock import skip_if_moved
 from tests.faults import report
-from tests.processes import ROOT
+from tests.processes import ROOT, free_port
 
 pytestmark = pytest.mark.docker
 
@@ -177,11 +176,6 @@ def wait_until(condition: Any, seconds: float) -> float:
             pytest.fail(f"not within {seconds} s: {getattr(condition, '__name__', condition)}")
         time.sleep(1)
     return time.monotonic() - started
-
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return int(listener.getsockname()[1])
 
 
 class Stack:

@@ -22,7 +22,7 @@ from django.db import connection
 from broker.jobs.health import Health, start_health_server
 from broker.jobs.management.commands.dispatch import Command
 from tests.clock import skip_if_moved
-from tests.processes import ROOT, kill_if_running, stop, wait_until
+from tests.processes import ROOT, free_port, kill_if_running, stop, wait_until
 
 
 class FakeClock:
@@ -187,11 +187,6 @@ def relay_to_test_database() -> Iterator[Relay]:
         yield relay
     finally:
         relay.close()
-
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        return int(listener.getsockname()[1])
 
 
 def start_dispatcher_through(relay: Relay, *arguments: str) -> subprocess.Popen[str]:

@@ -41,3 +41,8 @@ def test_a_form_posted_with_a_trailing_slash_is_posted_again_without_it(admin_us
     client.force_login(admin_user)
     response = client.post("/ui/dead-jobs/bulk/", {"action": "requeue"}, follow=True)
     assert response.redirect_chain[0] == ("/ui/dead-jobs/bulk", 308)
+
+
+def test_the_redirect_keeps_an_encoded_path_encoded(client):
+    response = client.get("/ui/jobs/a%3Fb/")
+    assert response["Location"] == "/ui/jobs/a%3Fb"

@@ -14,8 +14,7 @@ import zipfile
 
 import pytest
 
-from tests.processes import kill_if_running, wait_until
-from tests.test_runbroker import free_port
+from tests.processes import free_port, kill_if_running, wait_until
 
 
 def metadata(installed) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.clock import skip_if_moved
-from tests.processes import ROOT, kill_if_running, wait_until
+from tests.processes import ROOT, free_port, group_is_running, kill_if_running, wait_until
 
 README = ROOT / "README.md"
 
@@ -28,12 +28,6 @@ def readme_block(marker: str) -> str:
     text = README.read_text()
     after = text[text.index(f"<!-- {marker} -->") :]
     return after.split("```sh\n", 1)[1].split("\n```", 1)[0]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def port_is_free(port: int) -> bool:
@@ -85,16 +79,6 @@ def pids_of(log: Path) -> dict[str, int]:
     return {
         name: int(pid) for name, pid in re.findall(r"started (\S+) \(pid (\d+)\)", log.read_text())
     }
-
-
-def is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (ended, not yet reaped by its parent) is not running either.
-    status = Path(f"/proc/{pid}/status")
-    return status.exists() and "zombie" not in status.read_text()
 
 
 def call_api(
@@ -150,7 +134,7 @@ class TestRunbroker:
             pids = pids_of(log)
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=60) == 0
-            assert not [name for name, pid in pids.items() if is_running(pid)]
+            assert not [name for name, pid in pids.items() if group_is_running(pid)]
             for name in pids:
                 assert f"{name} stopped (exit code 0)" in log.read_text()
         finally:
@@ -182,7 +166,7 @@ class TestRunbroker:
             os.kill(pids["dispatch"], signal.SIGKILL)
             assert process.wait(timeout=60) == 1
             assert "dispatch exited with code -9; stopped the others" in log.read_text()
-            assert not [name for name, pid in pids.items() if is_running(pid)]
+            assert not [name for name, pid in pids.items() if group_is_running(pid)]
         finally:
             kill_if_running(process)
 
@@ -222,3 +206,23 @@ def test_the_readme_quick_start_works_as_written(clone):
                 os.killpg(quick_start.pid, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_the_token_file_is_written_private_over_a_readable_file_or_a_link(tmp_path):
+    from broker.management.commands.runbroker import write_private_file
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep")
+    linked = tmp_path / "linked"
+    linked.symlink_to(elsewhere)
+    write_private_file(linked, "token\n")
+    assert elsewhere.read_text() == "keep"  # the link was replaced, not followed
+    assert not linked.is_symlink()
+    assert linked.read_text() == "token\n"
+    assert linked.stat().st_mode & 0o077 == 0
+
+    readable = tmp_path / "readable"
+    readable.write_text("old token")
+    readable.chmod(0o644)
+    write_private_file(readable, "token\n")
+    assert readable.stat().st_mode & 0o077 == 0

@@ -106,6 +106,7 @@ class HealthServer(ThreadingHTTPServer):
 
 class _HealthHandler(BaseHTTPRequestHandler):
     server: HealthServer
+    timeout = 5  # seconds a connection may idle: an idle client cannot hold a thread for ever
 
     def do_GET(self) -> None:
         checks = {"/livez": Health.liveness, "/readyz": Health.readiness}

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponsePermanentRedirect
 from django.urls import path, re_path
+from django.utils.encoding import escape_uri_path
 
 from broker.ui import consumer_pages, dashboard, message_pages, report_pages, schedule_pages, views
 
 app_name = "ui"
 
 
-def without_slash(request: HttpRequest, page: str) -> HttpResponsePermanentRedirect:
+def without_slash(request: HttpRequest) -> HttpResponsePermanentRedirect:
     """308, so that a form posted to `/ui/x/` is posted again to `/ui/x`."""
     query = request.META.get("QUERY_STRING", "")
-    target = request.path.rstrip("/") + (f"?{query}" if query else "")
+    target = escape_uri_path(request.path.rstrip("/")) + (f"?{query}" if query else "")
     return HttpResponsePermanentRedirect(target, status=308)
 
 
@@ -30,5 +31,5 @@ urlpatterns = [
     *schedule_pages.urlpatterns,
     *report_pages.urlpatterns,
     # Last: any page asked for with a trailing slash is the page without it.
-    re_path(r"^(?P<page>.+)/$", without_slash, name="without-slash"),
+    re_path(r"^.+/$", without_slash, name="without-slash"),
 ]

@@ -72,7 +72,7 @@ class Command(BaseCommand):
             call_command("install_schedules", **quiet)
         self.stdout.write(self._banner(options["bind"]))
         supervisor = Supervisor(_processes(options), self._write_line, options["stop_seconds"])
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: terminal closed
             signal.signal(signum, lambda *_: supervisor.request_stop())
         exit_code = supervisor.run()
         if exit_code:
@@ -119,6 +119,7 @@ def _processes(options: dict[str, Any]) -> list[tuple[str, list[str]]]:
     django = [sys.executable, "-m", "django"]
     web = [sys.executable, "-m", "gunicorn", "broker.wsgi", "--bind", options["bind"]]
     web += ["--workers", str(options["workers"]), "--graceful-timeout", "10"]
+    web += ["--no-control-socket"]  # one per user's home otherwise: two runs would share it
     processes = [("web", web)]
     dispatchers = options["dispatchers"]
     for number in range(1, dispatchers + 1):
@@ -144,6 +145,13 @@ def first_admin_token() -> str:
     if ApiKey.objects.exists():
         return "Bearer token: make one with `manage.py create_api_key NAME`"
     _, token = ApiKey.issue(FIRST_KEY_NAME)
-    FIRST_TOKEN_FILE.touch(mode=0o600)
-    FIRST_TOKEN_FILE.write_text(token + "\n")
+    write_private_file(FIRST_TOKEN_FILE, token + "\n")
     return f"Bearer token: {token}  (saved in {FIRST_TOKEN_FILE.resolve()}, shown once)"
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Write a file only its owner can read, even when a file (or a link) is already there."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
