@@ -26,6 +26,11 @@ RUN --mount=type=secret,id=pip_cert --mount=type=secret,id=pip_conf \
     /opt/venv/bin/pip install -r requirements.txt -r requirements-otel.txt
 COPY pyproject.toml README.md ./
 COPY broker ./broker
+COPY consumers ./consumers
+COPY jobs ./jobs
+COPY spark_etl ./spark_etl
+COPY templates ./templates
+COPY static ./static
 # The package itself; its build backend (setuptools) is fetched for the build like any package.
 RUN --mount=type=secret,id=pip_cert --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \

@@ -428,7 +428,7 @@ def drain_with_backlog(
 
 
 def prepare_paused_consumer(port: int) -> int:
-    from broker.consumers.models import Consumer
+    from consumers.models import Consumer
 
     return Consumer.objects.create(
         channel_id=CHANNEL, public_id="paused", name="Paused", paused=True,
@@ -550,7 +550,7 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
     over `keys` keys, each claim rolled back so that every one sees the same queue."""
     from django.utils import timezone
 
-    from broker.jobs.dispatch import _CLAIM_SQL, DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, _lease
+    from jobs.dispatch import _CLAIM_SQL, DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, _lease
 
     [consumer] = prepare(bench, 1, 9, None)  # nothing is sent
     bench.db.execute(

@@ -39,7 +39,7 @@ DATABASE = "bench_dispatch"
 CHANNEL, PRODUCER = "bench", "bench-producer"
 PAYLOAD = json.dumps({"order": 12345, "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 160})
 CORES = os.cpu_count() or 1
-LISTENER_NAME = "webhook-broker dispatcher listener"  # application_name in broker/jobs/wakeup.py
+LISTENER_NAME = "webhook-broker dispatcher listener"  # application_name in jobs/wakeup.py
 
 
 @dataclass(frozen=True)
@@ -211,9 +211,9 @@ def setup_django(env: dict[str, str]) -> None:
 
 def prepare(bench: Bench, consumers: int, port: int, max_in_flight: int | None = None) -> list[int]:
     """Empty tables, then one channel with `consumers` push consumers of the receiver on `port`."""
-    from broker.consumers.models import Consumer
-    from broker.jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
     from broker.models import Channel, Message, Producer
+    from consumers.models import Consumer
+    from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 
     tables = [model._meta.db_table for model in (DeliveryAttempt, Job, Message, Consumer)]
     tables.append(DispatcherHeartbeat._meta.db_table)

@@ -182,7 +182,7 @@ def broker_environment(database_url: str) -> dict[str, str]:
 
 SETUP_CODE = """
 from broker.models import Channel, Producer
-from broker.consumers.models import Consumer
+from consumers.models import Consumer
 producer = Producer(id={producer!r}, name="Bench producer")
 producer.set_token({producer_token!r})
 producer.save()

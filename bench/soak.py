@@ -103,7 +103,7 @@ def parse_arguments() -> argparse.Namespace:
 
 
 def make_pull_consumers(count: int) -> list[str]:
-    from broker.consumers.models import Consumer
+    from consumers.models import Consumer
 
     names = [f"p{n}" for n in range(count)]
     for name in names:

@@ -2,7 +2,7 @@
 attempts with local[2] (targets: report <= 3 min, archive <= 5 min).
 
 Builds a fresh `bench_spark_etl` database, generates the history in SQL (generate_series),
-runs `python -m broker.spark_etl report`, then `archive`, each as the command an operator runs,
+runs `python -m spark_etl report`, then `archive`, each as the command an operator runs,
 times
 them, checks the figures and the counts, and drops the database.
 
@@ -145,7 +145,7 @@ def run_job(job: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[fl
         sys.stderr.write(run.stderr[-5000:])
         raise SystemExit(f"{job} failed")
     for line in run.stderr.splitlines():
-        if "broker.spark_etl.pipeline" in line:  # the pipeline's own progress, with timings
+        if "spark_etl.pipeline" in line:  # the pipeline's own progress, with timings
             print("  " + line)
     return seconds, run.stdout.strip().splitlines()[-1]
 

@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "BROKER_CIRCUIT_FAILURE_THRESHOLD": 5,
     "BROKER_CIRCUIT_COOLDOWN_SECONDS": 30,
     # A push job still undelivered this long after it was queued (published, released, requeued
-    # or replayed) goes DEAD with reason "expired" (broker/jobs/expiry.py); 0: no limit.
+    # or replayed) goes DEAD with reason "expired" (jobs/expiry.py); 0: no limit.
     "BROKER_MAX_JOB_AGE_SECONDS": 3 * 86400,
     "BROKER_MIN_SCHEDULE_DELAY_SECONDS": 120,
     "BROKER_PAYLOAD_OFFLOAD_BYTES": 262144,

@@ -21,8 +21,6 @@ from croniter import CroniterError, croniter
 from django.db import transaction
 from django.utils import timezone
 
-from broker.jobs.models import Job
-from broker.jobs.states import INFLIGHT, QUEUED
 from broker.models import Message, PeriodicMessage
 from broker.publishing import (
     DuplicateMessage,
@@ -30,6 +28,8 @@ from broker.publishing import (
     check_message,
     publish,
 )
+from jobs.models import Job
+from jobs.states import INFLIGHT, QUEUED
 
 logger = logging.getLogger(__name__)
 

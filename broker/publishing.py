@@ -20,11 +20,11 @@ from django.utils import timezone
 
 from broker import payloads, tracing
 from broker.conf import broker_settings
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
-from broker.jobs.states import QUEUED
 from broker.models import Channel, Message, Producer, validate_message_id
 from broker.xids import new_xid
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import QUEUED
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HEADERS = 50

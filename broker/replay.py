@@ -29,12 +29,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from broker import payloads
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from broker.jobs.wakeup import CHANNEL as WAKEUP_CHANNEL
 from broker.models import Message
 from broker.publishing import create_jobs
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.wakeup import CHANNEL as WAKEUP_CHANNEL
 
 SKIP_REASONS: dict[str, str] = {
     QUEUED: "already queued: it will be delivered",
@@ -173,7 +173,7 @@ def _mark_dispatched(message: Message) -> None:
 
 
 def _wake_dispatchers() -> None:
-    """One NOTIFY, delivered at commit, as a publish sends (broker/jobs/wakeup.py); SQLite polls."""
+    """One NOTIFY, delivered at commit, as a publish sends (jobs/wakeup.py); SQLite polls."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [WAKEUP_CHANNEL])

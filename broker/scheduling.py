@@ -17,11 +17,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from broker.conf import broker_settings
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
-from broker.jobs.states import QUEUED
 from broker.models import Message
 from broker.publishing import ScheduleTooSoon, create_jobs
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import QUEUED
 
 # Messages released per call (and per transaction) unless the caller says otherwise.
 RELEASE_BATCH = 500

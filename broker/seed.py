@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from broker.consumers.callback_url import validate_callback_url
-from broker.consumers.models import Consumer
-from broker.consumers.safety import UnsafeCallback, check_callback_url
 from broker.models import Channel, Producer, TokenProtected, validate_resource_id
+from consumers.callback_url import validate_callback_url
+from consumers.models import Consumer
+from consumers.safety import UnsafeCallback, check_callback_url
 
 CHANNELS, CHANNEL_TOKENS = "initial-channels", "initial-channel-tokens"
 PRODUCERS, PRODUCER_TOKENS = "initial-producers", "initial-producer-tokens"

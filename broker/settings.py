@@ -53,8 +53,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "broker",
-    "broker.consumers",
-    "broker.jobs",
+    "consumers",
+    "jobs",
     "django_q",
 ]
 
@@ -80,7 +80,7 @@ ASGI_APPLICATION = "broker.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],  # templates ship inside the apps (broker/templates/ui/)
+        "DIRS": [],  # the broker app's own: broker/templates (a link to templates/ in a checkout)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

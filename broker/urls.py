@@ -23,7 +23,7 @@ from broker.api.stakeholders import (
     ProducerDetailView,
     ProducerListView,
 )
-from broker.consumers.api import (
+from consumers.api import (
     CloseCircuitView,
     ConsumerDetailView,
     ConsumerListView,
@@ -31,10 +31,10 @@ from broker.consumers.api import (
     ResumeConsumerView,
     SigningSecretView,
 )
-from broker.jobs.api.dlq import DeadLetterQueueView
-from broker.jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
-from broker.jobs.api.summaries import DlqStatusView, JobStatusView
-from broker.jobs.metrics import MetricsView
+from jobs.api.dlq import DeadLetterQueueView
+from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
+from jobs.api.summaries import DlqStatusView, JobStatusView
+from jobs.metrics import MetricsView
 
 
 class KeyConverter:

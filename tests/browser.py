@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from django.db import connection
 
-from broker.jobs.delivery import AttemptResult, DeliveryRequest, deliver
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.delivery import AttemptResult, DeliveryRequest, deliver
+from jobs.dispatch import Dispatcher, DispatcherConfig
 from tests.helpers import make_operator
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
-from broker.jobs.states import JobStatus
 from broker.models import Channel, Message, Producer
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import JobStatus
 
 
 def make_channel(channel_id: str = "orders", token: str = "channel-token") -> Channel:

@@ -48,9 +48,10 @@ def install_wheel(directory: Path) -> Installed:
     """Build the wheel (no dependencies) and install it with `psycopg[binary]` in a new venv."""
     # From a copy of what the package is made of: a build writes into its source directory.
     source = directory / "source"
-    shutil.copytree(
-        ROOT / "broker", source / "broker", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for folder in ("broker", "consumers", "jobs", "spark_etl", "templates", "static"):
+        # symlinks=True: broker/templates and broker/static stay links, as in a checkout.
+        caches = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / folder, source / folder, symlinks=True, ignore=caches)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     dist = directory / "dist"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt
-from broker.jobs.states import DEAD, DELIVERED, QUEUED
 from broker.models import Channel
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt
+from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_job
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from broker import publish
-from broker.jobs.models import Job
+from jobs.models import Job
 from tests.conftest import FORM
 from tests.db_snapshot import snapshot
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.jobs.models import Job
 from broker.models import Message
+from jobs.models import Job
 from tests.helpers import make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db

@@ -17,10 +17,10 @@ from django.test import Client
 from django.utils.http import http_date
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.consumers.services import set_paused
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from consumers.models import Consumer
+from consumers.services import set_paused
+from jobs.models import Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.conftest import ADMIN_TOKEN
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
 
@@ -421,7 +421,7 @@ def test_admin_close_circuit_action(staff_client, channel):
 def test_a_paused_push_consumer_holds_everything_and_resume_delivers_it(
     admin_client, channel, receiver
 ):
-    from broker.jobs.dispatch import Dispatcher
+    from jobs.dispatch import Dispatcher
     from tests.test_dispatch import push_consumer, run_once
 
     push_consumer(channel, receiver)

@@ -12,9 +12,9 @@ import pytest
 import time_machine
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
 
 pytestmark = pytest.mark.django_db

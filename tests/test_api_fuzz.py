@@ -30,11 +30,11 @@ from hypothesis import HealthCheck, settings
 from schemathesis.core import NotSet
 
 from broker.api.conditional import last_modified
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
 from broker.models import Channel, Producer
 from broker.publishing import publish
 from broker.wsgi import application
+from consumers.models import Consumer
+from jobs.models import Job
 from tests.conftest import ADMIN_TOKEN
 from tests.db_snapshot import fingerprint
 

@@ -9,9 +9,9 @@ import time_machine
 from django.utils.http import http_date
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, Job
 from broker.models import Channel, Producer
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
 

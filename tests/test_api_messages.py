@@ -7,8 +7,8 @@ import base64
 import pytest
 
 from broker import publish
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD
+from jobs.models import Job
+from jobs.states import DEAD
 from tests.helpers import make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db

@@ -16,11 +16,11 @@ from django.db import connection
 from django.test import Client
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.leases import LEASE_EXPIRED, sweep_expired_leases
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from broker.xids import key_of_xid, public_key_xid
+from consumers.models import Consumer
+from jobs.leases import LEASE_EXPIRED, sweep_expired_leases
+from jobs.models import Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
 
 pytestmark = pytest.mark.django_db

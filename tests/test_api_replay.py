@@ -15,15 +15,15 @@ from django.db import connection
 from django.utils import timezone
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.delivery import AttemptResult
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from broker.jobs.wakeup import CHANNEL as WAKEUP_CHANNEL
-from broker.jobs.wakeup import _connection_kwargs
 from broker.models import Message
 from broker.replay import JOB_DELETED, replay
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.wakeup import CHANNEL as WAKEUP_CHANNEL
+from jobs.wakeup import _connection_kwargs
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.test_dispatch import push_consumer, run_once, send

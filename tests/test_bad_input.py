@@ -22,9 +22,9 @@ from django.utils import timezone
 
 from broker import publish
 from broker.api.pagination import CURSOR_SALT
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
 from broker.models import Channel, Message, Producer
+from consumers.models import Consumer
+from jobs.models import Job
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.db_snapshot import snapshot
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from broker.consumers import safety
-from broker.consumers.safety import (
+from consumers import safety
+from consumers.safety import (
     SafeResolver,
     UnsafeCallback,
     UnsafeDeliveryAddress,

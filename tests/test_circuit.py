@@ -9,10 +9,10 @@ import time_machine
 from django.utils import timezone
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD, DELIVERED, QUEUED
+from consumers.models import Consumer
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.receiver import Reply
 from tests.test_dispatch import push_consumer, run_once

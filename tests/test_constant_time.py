@@ -17,9 +17,9 @@ import pytest
 
 from broker.api.auth import admin_token_name
 from broker.api.tokens import StoredToken
-from broker.consumers.models import Consumer
 from broker.models import Channel
 from broker.tokens import hash_token, secrets_equal, token_matches
+from consumers.models import Consumer
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
 

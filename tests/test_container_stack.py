@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from standardwebhooks import Webhook
 
-from broker.jobs.models import Job
-from broker.jobs.states import DELIVERED
+from jobs.models import Job
+from jobs.states import DELIVERED
 from tests.clock import skip_if_moved
 from tests.faults import report
 from tests.processes import ROOT, free_port

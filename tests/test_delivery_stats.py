@@ -1,4 +1,4 @@
-"""The delivery statistics rollup (broker/jobs/stats.py) against an independent count of a known
+"""The delivery statistics rollup (jobs/stats.py) against an independent count of a known
 attempt
 history: late-recorded attempts, re-runs, hour buckets, catch-up, retention, concurrent refreshes,
 and the index that keeps the refresh reading only its window."""
@@ -17,11 +17,12 @@ import time_machine
 from django.core.management import call_command
 from django.db import connection, connections
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, DeliveryStats, Job
-from broker.jobs.queue_depth import BoundedCount, queue_depths
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from broker.jobs.stats import (
+from broker.models import Channel, Message
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, DeliveryStats, Job
+from jobs.queue_depth import BoundedCount, queue_depths
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.stats import (
     HOUR,
     LOCK_ID,
     MINUTE,
@@ -32,7 +33,6 @@ from broker.jobs.stats import (
     recent,
     refresh_delivery_stats,
 )
-from broker.models import Channel, Message
 from tests.helpers import make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from django.core.management import get_commands, load_command_class
 
-from broker.jobs.dispatch import DispatcherConfig
+from jobs.dispatch import DispatcherConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -111,7 +111,14 @@ def test_the_build_context_leaves_out_everything_but_what_the_build_reads():
         "requirements-otel.txt",
         "pyproject.toml",
         "README.md",
+        # The package's folders (SPEC §2's layout; broker/templates and broker/static link to
+        # templates/ and static/).
         "broker",
+        "consumers",
+        "jobs",
+        "spark_etl",
+        "templates",
+        "static",
     }
 
 

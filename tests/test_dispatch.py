@@ -14,11 +14,11 @@ from django.utils import timezone
 from standardwebhooks import Webhook
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.delivery import AttemptResult, DeliveryRequest, deliver, delivery_session
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult, DeliveryRequest, deliver, delivery_session
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.receiver import Reply
 

@@ -19,8 +19,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from broker.jobs.health import Health, start_health_server
-from broker.jobs.management.commands.dispatch import Command
+from jobs.health import Health, start_health_server
+from jobs.management.commands.dispatch import Command
 from tests.clock import skip_if_moved
 from tests.processes import ROOT, free_port, kill_if_running, stop, wait_until
 

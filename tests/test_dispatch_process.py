@@ -13,9 +13,9 @@ import pytest
 from django.db import DatabaseError, connection
 
 from broker import publish
-from broker.jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
-from broker.jobs.states import DELIVERED, INFLIGHT, QUEUED
 from broker.models import Channel
+from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
+from jobs.states import DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply

@@ -18,9 +18,9 @@ import pytest
 from django.db import connection
 
 from broker import publish
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DELIVERED, INFLIGHT
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DELIVERED, INFLIGHT
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import ROOT, kill_if_running, wait_until
 from tests.test_dispatch import send
@@ -74,7 +74,7 @@ def test_a_step_that_fails_every_time_is_logged_and_the_loop_delivers_on(
         publish(channel, b"x", producer="shop", message_id=f"m{number}")
     dispatcher = Dispatcher(DispatcherConfig(poll_seconds=0.05))
     loop = threading.Thread(target=asyncio.run, args=(dispatcher.run(),))
-    caplog.set_level(logging.ERROR, logger="broker.jobs.dispatch")
+    caplog.set_level(logging.ERROR, logger="jobs.dispatch")
     loop.start()
     try:
         wait_until(lambda: Job.objects.filter(status=DELIVERED).count() == 20, seconds=60)

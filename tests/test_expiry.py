@@ -1,4 +1,4 @@
-"""The age limit of push jobs (issue 14 §5, broker/jobs/expiry.py): a job held back for ever (by an
+"""The age limit of push jobs (issue 14 §5, jobs/expiry.py): a job held back for ever (by an
 open
 circuit above all) goes DEAD with reason "expired", and the DLQ tools bring it back as usual."""
 
@@ -12,13 +12,13 @@ from django.db import connection
 from django.utils import timezone
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.consumers.services import pause_consumer
-from broker.jobs.dispatch import Dispatcher
-from broker.jobs.expiry import expire_old_jobs, waiting_since_before
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD, DELIVERED, QUEUED
 from broker.models import Message
+from consumers.models import Consumer
+from consumers.services import pause_consumer
+from jobs.dispatch import Dispatcher
+from jobs.expiry import expire_old_jobs, waiting_since_before
+from jobs.models import Job
+from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.receiver import Reply

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from broker import publish
-from broker.jobs.models import Job
-from broker.jobs.states import DELIVERED
+from jobs.models import Job
+from jobs.states import DELIVERED
 from tests.faults import report
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import kill_if_running, start_dispatcher, stop, wait_until

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from broker import publish
-from broker.jobs.delivery import RESPONSE_EXCERPT_BYTES
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD, DELIVERED
+from jobs.delivery import RESPONSE_EXCERPT_BYTES
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD, DELIVERED
 from tests.faults import report
 from tests.faulty_receiver import BEHAVIOURS, FaultyReceiver
 from tests.helpers import make_channel, make_consumer, make_producer

@@ -18,12 +18,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.dispatch import Dispatcher
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DELIVERED, INFLIGHT
 from broker.models import Message, PeriodicMessage
 from broker.publishing import InvalidMessage, is_refused_metadata_header
+from consumers.models import Consumer
+from jobs.dispatch import Dispatcher
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DELIVERED, INFLIGHT
 from tests.faults import report_counts
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
 from tests.hostile import PROPERTY

@@ -19,18 +19,18 @@ from django.db import connection
 from hypothesis import given
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.delivery import (
+from broker.models import Channel, Producer
+from consumers.models import Consumer
+from jobs.delivery import (
     AttemptResult,
     DeliveryRequest,
     deliver,
     delivery_session,
     retry_after_seconds,
 )
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from broker.models import Channel, Producer
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.faults import report_counts
 from tests.faulty_receiver import FaultyReceiver, Script
 from tests.helpers import make_channel, make_consumer, make_producer

@@ -15,11 +15,11 @@ from django.utils import timezone
 from django_q.models import Failure, Schedule, Success  # type: ignore[import-untyped]
 
 from broker import publish
-from broker.jobs.housekeeping import purge_delivered
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD, DELIVERED, QUEUED
 from broker.models import Message
 from broker.replay import replay
+from jobs.housekeeping import purge_delivered
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import start_manage, wait_until
 
@@ -145,7 +145,7 @@ def test_qcluster_runs_due_schedules_and_failures_show_in_the_admin(client):
     for name, args in [("works", ""), ("fails", "'not a number'")]:
         Schedule.objects.create(
             name=name,
-            func="broker.jobs.housekeeping.purge_delivered",
+            func="jobs.housekeeping.purge_delivered",
             args=args,
             schedule_type=Schedule.ONCE,
             next_run=due,

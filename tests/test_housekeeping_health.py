@@ -1,4 +1,4 @@
-"""The housekeeping container's health check: no schedule long overdue (broker/jobs/health.py)."""
+"""The housekeeping container's health check: no schedule long overdue (jobs/health.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 from django_q.models import Schedule  # type: ignore[import-untyped]
 
-from broker.jobs.health import SCHEDULE_SLACK, overdue_schedules
+from jobs.health import SCHEDULE_SLACK, overdue_schedules
 
 pytestmark = pytest.mark.django_db
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 def schedule(name: str, due_in: timedelta, repeats: int = -1) -> None:
     Schedule.objects.create(
         name=name,
-        func="broker.jobs.stats.refresh_delivery_stats",
+        func="jobs.stats.refresh_delivery_stats",
         schedule_type=Schedule.MINUTES,
         minutes=1,
         next_run=timezone.now() + due_in,

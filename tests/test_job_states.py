@@ -11,8 +11,8 @@ import time_machine
 from django.db import connection
 from django.utils import timezone
 
-from broker.jobs.models import Job
-from broker.jobs.states import (
+from jobs.models import Job
+from jobs.states import (
     ALLOWED_TRANSITIONS,
     DEAD,
     DELIVERED,
@@ -34,7 +34,7 @@ EXPECTED_TABLE = {
     (DEAD, QUEUED),
     (DEAD, INFLIGHT),
     (DELIVERED, QUEUED),  # replay (broker/replay.py)
-    (QUEUED, DEAD),  # expired (broker/jobs/expiry.py)
+    (QUEUED, DEAD),  # expired (jobs/expiry.py)
 }
 ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
 FORBIDDEN = [pair for pair in ALL_PAIRS if pair not in EXPECTED_TABLE]

@@ -21,14 +21,14 @@ from standardwebhooks import Webhook
 
 from broker import payloads, publish
 from broker.checks import check_payload_storage
-from broker.consumers.models import Consumer
-from broker.jobs.delivery import DeliveryRequest, deliver
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.signing import chunked_signature_headers, sign, signature_headers
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from broker.models import Channel, Message
 from broker.publishing import DuplicateMessage, PayloadTooLarge, UnknownChannel
+from consumers.models import Consumer
+from jobs.delivery import DeliveryRequest, deliver
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, Job
+from jobs.signing import chunked_signature_headers, sign, signature_headers
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
 
 pytestmark = pytest.mark.django_db

@@ -18,11 +18,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from broker import publish
 from broker.env import env_choice
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import Job
-from broker.jobs.states import DELIVERED, INFLIGHT
 from broker.logs import LOG_FORMATS, TEXT_FORMAT, json_formatter, logging_config
 from broker.models import Message
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import Job
+from jobs.states import DELIVERED, INFLIGHT
 from tests.api_server import running_api
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
 from tests.processes import ROOT, kill_if_running, start_dispatcher, stop, wait_until

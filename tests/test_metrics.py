@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from broker.jobs.models import DispatcherHeartbeat
-from broker.jobs.states import DEAD, INFLIGHT, QUEUED
+from jobs.models import DispatcherHeartbeat
+from jobs.states import DEAD, INFLIGHT, QUEUED
 from tests.helpers import make_job
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def test_metrics_report_jobs_per_consumer_and_dispatchers(admin_client):
 def test_metrics_report_pause_and_circuit_per_consumer(admin_client):
     from datetime import timedelta
 
-    from broker.consumers.models import Consumer
+    from consumers.models import Consumer
     from tests.helpers import make_channel, make_consumer
 
     channel = make_channel()

@@ -11,9 +11,9 @@ import time_machine
 from django.utils import timezone
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD, DELIVERED, QUEUED
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import start_dispatcher, wait_until
 from tests.receiver import Received, Reply
@@ -37,7 +37,7 @@ def channel():
 
 @pytest.fixture
 def dispatcher():
-    from broker.jobs.dispatch import Dispatcher, DispatcherConfig
+    from jobs.dispatch import Dispatcher, DispatcherConfig
 
     return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
 
@@ -161,7 +161,7 @@ def test_two_dispatchers_never_deliver_a_key_out_of_order(receiver):
 
 
 def test_an_ordered_pull_consumer_claims_only_heads(channel):
-    from broker.jobs.leases import claim_for_pull
+    from jobs.leases import claim_for_pull
 
     consumer = make_consumer(channel, "puller", type=Consumer.Type.PULL)
     consumer.ordering = Consumer.Ordering.ORDERED

@@ -25,13 +25,13 @@ import pytest
 from django.db import connection, transaction
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.delivery import deliver
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import Job
-from broker.jobs.states import DELIVERED, QUEUED
 from broker.models import Message
 from broker.publishing import DuplicateMessage
+from consumers.models import Consumer
+from jobs.delivery import deliver
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import Job
+from jobs.states import DELIVERED, QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 
 ROOT = Path(__file__).resolve().parent.parent

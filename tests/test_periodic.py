@@ -14,9 +14,9 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.utils.http import http_date
 
-from broker.jobs.models import Job
 from broker.models import Message, PeriodicMessage
 from broker.periodic import next_tick, run_due_ticks, tick_message_id
+from jobs.models import Job
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
 

@@ -8,8 +8,6 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from broker import publish
-from broker.jobs.models import Job
-from broker.jobs.states import QUEUED
 from broker.models import Message
 from broker.publishing import (
     DuplicateMessage,
@@ -18,6 +16,8 @@ from broker.publishing import (
     UnknownChannel,
     UnknownProducer,
 )
+from jobs.models import Job
+from jobs.states import QUEUED
 from tests.helpers import make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db

@@ -10,9 +10,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from broker.jobs.models import Job
 from broker.models import Message
 from broker.ratelimit import TABLE, Limit, RateLimited, configured_limit, take_broadcast
+from jobs.models import Job
 from tests.db_snapshot import snapshot
 from tests.helpers import make_channel, make_consumer, make_producer
 

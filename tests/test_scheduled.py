@@ -11,10 +11,10 @@ from django.db import connection
 from django.utils import timezone
 
 from broker import payloads, publish
-from broker.jobs.models import Job
 from broker.models import Message
 from broker.publishing import DuplicateMessage, InvalidMessage
 from broker.scheduling import release_due_messages
+from jobs.models import Job
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
 
 pytestmark = pytest.mark.django_db

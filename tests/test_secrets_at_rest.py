@@ -7,8 +7,8 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from broker.consumers.models import Consumer
 from broker.models import Channel
+from consumers.models import Consumer
 from tests.helpers import make_channel, make_consumer
 
 pytestmark = pytest.mark.django_db

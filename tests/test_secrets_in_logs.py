@@ -28,11 +28,11 @@ from django.core.management import call_command
 from django.db import connection
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.delivery import AttemptResult, deliver
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import Job
-from broker.jobs.states import DELIVERED
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult, deliver
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import Job
+from jobs.states import DELIVERED
 from tests.conftest import FORM
 from tests.processes import start_dispatcher, wait_until
 from tests.receiver import Reply

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from broker.consumers.models import Consumer
 from broker.models import Channel, Producer
+from consumers.models import Consumer
 
 pytestmark = pytest.mark.django_db
 

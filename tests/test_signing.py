@@ -14,8 +14,8 @@ from django.utils import timezone
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError, hmac_data
 
-from broker.consumers.models import Consumer, generate_signing_secret
-from broker.jobs.signing import InvalidSecret, decode_secret, sign, signature_headers
+from consumers.models import Consumer, generate_signing_secret
+from jobs.signing import InvalidSecret, decode_secret, sign, signature_headers
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer
 

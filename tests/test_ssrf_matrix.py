@@ -19,12 +19,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.consumers.safety import SafeResolver
-from broker.jobs.delivery import AttemptResult, deliver
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DELIVERED, QUEUED
+from consumers.models import Consumer
+from consumers.safety import SafeResolver
+from jobs.delivery import AttemptResult, deliver
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DELIVERED, QUEUED
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.db_snapshot import snapshot
 from tests.helpers import make_channel, make_consumer, make_producer

@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from broker import publish, tracing
-from broker.jobs.dispatch import Dispatcher, DispatcherConfig
-from broker.jobs.models import Job
 from broker.models import Message
 from broker.publishing import is_refused_metadata_header
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.models import Job
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import ROOT
 from tests.receiver import Reply
@@ -470,7 +470,7 @@ def test_off_nothing_of_opentelemetry_is_imported():
     """Not the SDK, not even the API: tracing off costs no import (and no time at start-up)."""
     result = run_python(
         "import sys, django; django.setup()\n"
-        "import broker.publishing, broker.jobs.dispatch, broker.api.broadcast, broker.tracing\n"
+        "import broker.publishing, jobs.dispatch, broker.api.broadcast, broker.tracing\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
         "print(broker.tracing.enabled(), loaded)\n"
     )

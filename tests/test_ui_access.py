@@ -17,11 +17,11 @@ from django.core.management import call_command
 from django.test import Client
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD, QUEUED
 from broker.models import Message, PeriodicMessage
 from broker.periodic_edits import PeriodicMessagePostForm, create_periodic
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import DEAD, QUEUED
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD
 from tests.browser import browser_test, dispatch_once, log_in, screenshot
 from tests.helpers import make_channel, make_consumer, make_job, make_producer
 

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from broker.consumers.models import Consumer
-from broker.jobs.states import DEAD, QUEUED
+from consumers.models import Consumer
+from jobs.states import DEAD, QUEUED
 from tests.browser import browser_test, log_in, screenshot
 from tests.helpers import make_channel, make_consumer, make_job, make_producer
 

@@ -15,8 +15,8 @@ from datetime import timedelta
 from django.utils import timezone
 
 from broker import publish
-from broker.jobs.models import Job
 from broker.periodic_edits import PeriodicMessagePostForm, create_periodic
+from jobs.models import Job
 from tests.browser import browser_test, log_in
 from tests.helpers import make_channel, make_consumer, make_producer
 

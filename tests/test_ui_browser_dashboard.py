@@ -10,9 +10,9 @@ from datetime import timedelta
 from django.utils import timezone
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.models import DispatcherHeartbeat
-from broker.jobs.stats import refresh_delivery_stats
+from consumers.models import Consumer
+from jobs.models import DispatcherHeartbeat
+from jobs.stats import refresh_delivery_stats
 from tests.browser import browser_test, dispatch_once, log_in, screenshot
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.receiver import Reply

@@ -8,8 +8,8 @@ Set UI_SCREENSHOTS=1 to refresh docs/screenshots/messages.png and message.png.
 from __future__ import annotations
 
 from broker import publish
-from broker.jobs.models import Job
-from broker.jobs.states import DELIVERED, QUEUED
+from jobs.models import Job
+from jobs.states import DELIVERED, QUEUED
 from tests.browser import browser_test, dispatch_once, log_in, screenshot
 from tests.helpers import make_channel, make_consumer, make_producer
 

@@ -17,12 +17,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.signing import signature_headers
-from broker.jobs.states import DEAD, QUEUED
-from broker.jobs.test_event import TEST_EVENT_HEADER
 from broker.models import Message
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job
+from jobs.signing import signature_headers
+from jobs.states import DEAD, QUEUED
+from jobs.test_event import TEST_EVENT_HEADER
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_job, make_operator
 from tests.receiver import Reply
@@ -618,7 +618,7 @@ def test_a_test_event_to_a_closed_port_shows_a_connection_error(staff_client, bi
 def test_a_test_event_waits_no_longer_than_its_timeout(
     staff_client, billing, receiver, monkeypatch
 ):
-    monkeypatch.setattr("broker.jobs.test_event.MAX_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr("jobs.test_event.MAX_TIMEOUT_SECONDS", 0.3)
     billing.callback_url = receiver.url("/slow")
     billing.save()
     receiver.replies["/slow"] = Reply(delay=1.0)

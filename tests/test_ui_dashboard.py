@@ -14,12 +14,12 @@ from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, DeliveryStats, DispatcherHeartbeat, Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from broker.jobs.stats import refresh_delivery_stats
 from broker.models import Channel, Message
 from broker.ui.charts import Series, compact_number, nice_scale, stacked_bars
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, DeliveryStats, DispatcherHeartbeat, Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from jobs.stats import refresh_delivery_stats
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 
 pytestmark = pytest.mark.django_db

@@ -11,9 +11,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD, DELIVERED, QUEUED
 from broker.models import Channel
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_consumer, make_job, make_operator
 
 pytestmark = pytest.mark.django_db

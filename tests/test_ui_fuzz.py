@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import publish
-from broker.jobs.models import DeliveryReport, Job
-from broker.jobs.states import DEAD
 from broker.ui.urls import urlpatterns
+from jobs.models import DeliveryReport, Job
+from jobs.states import DEAD
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
 

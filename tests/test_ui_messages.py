@@ -12,10 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from broker import publish
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, Job
-from broker.jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from broker.models import Message
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 
 pytestmark = pytest.mark.django_db

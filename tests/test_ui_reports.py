@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from broker.jobs.models import DeliveryReport
+from jobs.models import DeliveryReport
 from tests.browser import CHROMIUM, log_in, screenshot
 from tests.helpers import make_operator
 

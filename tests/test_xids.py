@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker import publish
-from broker.jobs.models import Job
-from broker.jobs.states import DEAD
 from broker.xids import decode_xid, encode_xid, key_of_xid, new_xid, public_key_xid
+from jobs.models import Job
+from jobs.states import DEAD
 from tests.helpers import make_channel, make_consumer, make_producer
 
 XID = re.compile(r"[0-9a-v]{20}\Z")

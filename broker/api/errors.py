@@ -18,8 +18,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from broker import payloads, publishing
-from broker.jobs.states import ForbiddenTransition
 from broker.ratelimit import RateLimited
+from jobs.states import ForbiddenTransition
 
 logger = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from broker.api.errors import ApiError
 from broker.api.pagination import paginate
 from broker.api.scheduled import PENDING, RELEASED, scheduled_messages_url
 from broker.api.serializers import ErrorSerializer, ListResultSerializer, PayloadFieldsMixin
-from broker.consumers.models import Consumer
-from broker.jobs.api.serializers import JobSummarySerializer
 from broker.models import Channel, Message
 from broker.replay import NotReplayable, ReplayResult, replay
+from consumers.models import Consumer
+from jobs.api.serializers import JobSummarySerializer
 
 # webhook-broker's numeric message statuses, accepted in ?status= alongside the names.
 STATUS_CODES = {"101": Message.Status.ACKNOWLEDGED, "102": Message.Status.DISPATCHED}

@@ -1,9 +1,9 @@
 """Consumer pages: list, create/edit, pause/resume, close circuit, secret, test event.
 
-Views stay thin: settings are validated and saved by broker/consumers/services.py, the same
+Views stay thin: settings are validated and saved by consumers/services.py, the same
 functions
 the REST API's consumer PUT uses; pause, resume, close circuit and rotate are its services too;
-the test event is broker/jobs/test_event.py. Secrets and tokens appear only in the response to a
+the test event is jobs/test_event.py. Secrets and tokens appear only in the response to a
 POST
 that asked for them (never in a URL, a redirect, a message cookie or a log), marked no-store.
 """
@@ -23,12 +23,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.utils import timezone
 
-from broker.consumers import services
-from broker.consumers.models import Consumer
-from broker.jobs.delivery import AttemptResult
-from broker.jobs.queue_depth import COUNT_LIMIT, BoundedCount
-from broker.jobs.states import DEAD, INFLIGHT, QUEUED
-from broker.jobs.test_event import send_test_event
 from broker.models import Channel, is_resource_id
 from broker.ui import inputs, paging
 from broker.ui.access import (
@@ -39,6 +33,12 @@ from broker.ui.access import (
     operator_view,
     require,
 )
+from consumers import services
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+from jobs.queue_depth import COUNT_LIMIT, BoundedCount
+from jobs.states import DEAD, INFLIGHT, QUEUED
+from jobs.test_event import send_test_event
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")

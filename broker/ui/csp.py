@@ -2,7 +2,7 @@
 
 Django 5.2 has no CSP support of its own. The policy allows the site's own scripts, styles and
 images and nothing else: no inline script or style (the UI has none: confirmations are
-broker/static/ui/confirm.js, charts are SVG elements with presentation attributes, which CSP does
+static/ui/confirm.js, charts are SVG elements with presentation attributes, which CSP does
 not
 govern), no frames around the pages, no <base>, no plugins, and forms posting to this site only.
 

@@ -1,9 +1,9 @@
 """Dashboard: queue depth, rates, latency, circuits, heartbeats, charts (served at /ui/).
 
 A fixed number of queries whatever the number of jobs and attempts: the consumers, their bounded
-queue counts (broker/jobs/queue_depth.py), the last hour's minute rows and the last day's hour rows
+queue counts (jobs/queue_depth.py), the last hour's minute rows and the last day's hour rows
 of
-the delivery statistics rollup (broker/jobs/stats.py), the dispatcher heartbeats, and two index
+the delivery statistics rollup (jobs/stats.py), the dispatcher heartbeats, and two index
 probes
 that tell whether the rollup is being refreshed.
 """
@@ -20,11 +20,13 @@ from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from broker.consumers.models import Consumer
-from broker.jobs.dispatch import HOUSEKEEPING_SECONDS
-from broker.jobs.models import DispatcherHeartbeat
-from broker.jobs.queue_depth import COUNT_LIMIT, BoundedCount, QueueDepth, queue_depths
-from broker.jobs.stats import (
+from broker.ui.access import VIEW_JOBS, operator_view
+from broker.ui.charts import Series, stacked_bars
+from consumers.models import Consumer
+from jobs.dispatch import HOUSEKEEPING_SECONDS
+from jobs.models import DispatcherHeartbeat
+from jobs.queue_depth import COUNT_LIMIT, BoundedCount, QueueDepth, queue_depths
+from jobs.stats import (
     HOUR,
     MINUTE,
     Recent,
@@ -33,9 +35,7 @@ from broker.jobs.stats import (
     last_counted_minute,
     recent,
 )
-from broker.jobs.stats import recount_window as stats_recount_window
-from broker.ui.access import VIEW_JOBS, operator_view
-from broker.ui.charts import Series, stacked_bars
+from jobs.stats import recount_window as stats_recount_window
 
 # Dispatchers beat every HOUSEKEEPING_SECONDS; six missed beats and one is flagged as stale.
 STALE_AFTER = timedelta(seconds=6 * HOUSEKEEPING_SECONDS)

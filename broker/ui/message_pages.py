@@ -19,14 +19,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, path
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, Job, job_public_id
-from broker.jobs.states import DELIVERED
 from broker.models import Channel, Message
 from broker.replay import NotReplayable, ReplayResult, replay
 from broker.ui import inputs, paging
 from broker.ui.access import CHANGE_MESSAGES, VIEW_MESSAGES, operator_view
 from broker.ui.views import message_preview
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job, job_public_id
+from jobs.states import DELIVERED
 
 # A message's attempts shown on its page, newest kept: a job replayed many times cannot make
 # the page unbounded.

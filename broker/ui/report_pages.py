@@ -18,10 +18,10 @@ from django.shortcuts import render
 from django.urls import URLPattern, path
 from django.utils import timezone
 
-from broker.jobs.models import DeliveryReport
 from broker.ui import inputs
 from broker.ui.access import VIEW_REPORTS, operator_view
 from broker.ui.charts import Line, Series, line_chart, stacked_bars
+from jobs.models import DeliveryReport
 
 MAX_PERIODS = {"day": 366, "hour": 24 * 14}  # the widest range one page charts
 DEFAULT_PERIODS = {"day": 30, "hour": 48}

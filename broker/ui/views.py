@@ -12,12 +12,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, Job, delete_jobs
-from broker.jobs.states import DEAD, ForbiddenTransition, TransitionConflict
 from broker.models import Message
 from broker.ui import inputs, paging
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job, delete_jobs
+from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
 
 PREVIEW_BYTES = 4096
 # The dead jobs list's bulk actions, each with its permission.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from broker.spark_etl.config import DEFAULT_JDBC_JAR, Database, EtlConfig
+from spark_etl.config import DEFAULT_JDBC_JAR, Database, EtlConfig
 
 
 def missing_requirement() -> str | None:
@@ -62,7 +62,7 @@ SPARK_CONF = {
 
 @pytest.fixture(scope="session")
 def spark():
-    from broker.spark_etl import io
+    from spark_etl import io
 
     session = io.build_session(
         EtlConfig(database=Database("", 0, "", ""), master="local[2]", spark_conf=SPARK_CONF)

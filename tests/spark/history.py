@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, Job
 from broker.models import Message
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job
 from tests.helpers import make_channel, make_consumer, make_producer
 
 START = datetime(2026, 3, 2, tzinfo=UTC)

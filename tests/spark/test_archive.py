@@ -15,10 +15,10 @@ from django.db import connection
 from django.utils import timezone
 
 from broker import payloads
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryAttempt, Job
 from broker.models import Message, PeriodicMessage
-from broker.spark_etl import pipeline
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, Job
+from spark_etl import pipeline
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.spark.conftest import spark_test
 

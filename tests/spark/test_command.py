@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django_q.models import Schedule  # type: ignore[import-untyped]
 
-from broker.jobs.models import DeliveryReport
+from jobs.models import DeliveryReport
 from tests.spark.conftest import MISSING
 from tests.spark.history import make_history
 

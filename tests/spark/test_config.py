@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.spark_etl.config import ConfigError, Database, from_environment
+from spark_etl.config import ConfigError, Database, from_environment
 
 
 def test_database_url_becomes_jdbc_and_psycopg_settings():

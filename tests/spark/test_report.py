@@ -10,10 +10,10 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from broker.consumers.models import Consumer
-from broker.jobs.models import DeliveryReport, Job
-from broker.spark_etl import pipeline, store
-from broker.spark_etl.transforms import REPORT_COLUMNS
+from consumers.models import Consumer
+from jobs.models import DeliveryReport, Job
+from spark_etl import pipeline, store
+from spark_etl.transforms import REPORT_COLUMNS
 from tests.spark.conftest import spark_test
 from tests.spark.history import START, expected_report, make_history, new_message
 

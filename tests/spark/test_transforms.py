@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from broker.spark_etl import transforms
+from spark_etl import transforms
 from tests.spark.conftest import spark_only
 
 pytestmark = spark_only

@@ -19,8 +19,8 @@ INSTALLED_APPS = [
     # The broker's apps (they need no contrib app): channels, producers and messages; consumers;
     # jobs and the dispatcher. With django.contrib.admin installed, they appear in the admin.
     "broker",
-    "broker.consumers",
-    "broker.jobs",
+    "consumers",
+    "jobs",
     # The shop's own.
     "shop",
 ]

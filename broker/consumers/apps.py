@@ -1,7 +1,0 @@
-from __future__ import annotations
-
-from django.apps import AppConfig
-
-
-class ConsumersConfig(AppConfig):
-    name = "broker.consumers"

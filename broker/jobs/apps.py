@@ -1,7 +1,0 @@
-from __future__ import annotations
-
-from django.apps import AppConfig
-
-
-class JobsConfig(AppConfig):
-    name = "broker.jobs"

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from consumers.models import Consumer
+from consumers.services import InvalidSetting, checked_callback_url, set_paused
+
+
+class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
+    def clean_callback_url(self) -> str:
+        """The API's check, address guard included: a private address is refused on save."""
+        try:
+            return checked_callback_url(self.cleaned_data["callback_url"])
+        except InvalidSetting as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+@admin.register(Consumer)
+class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = ConsumerForm
+    list_display = [
+        "public_id",
+        "channel",
+        "type",
+        "callback_url",
+        "paused",
+        "circuit",
+        "circuit_failures",
+        "changed_at",
+    ]
+    list_filter = ["type", "paused", "channel"]
+    search_fields = ["public_id", "name", "callback_url"]
+    # Encrypted at rest and never shown in list or form views: the operator UI reveals a signing
+    # secret only on purpose, after a confirmation (docs/ui-consumers.md).
+    exclude = ["token", "signing_secret", "previous_signing_secret"]
+    # The circuit is the dispatcher's to change (and the "close circuit" action's), not the form's.
+    readonly_fields = [
+        "created_at",
+        "changed_at",
+        "circuit_failures",
+        "circuit_open_until",
+        "circuit_cooldown_seconds",
+    ]
+    actions = ["pause", "resume", "close_circuit"]
+
+    @admin.display(description="circuit")
+    def circuit(self, consumer: Consumer) -> str:
+        return consumer.circuit_state(timezone.now())
+
+    @admin.action(description="Pause delivery to the selected consumers", permissions=["change"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
+        self._set_paused(request, queryset, paused=True)
+
+    @admin.action(description="Resume delivery to the selected consumers", permissions=["change"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
+        self._set_paused(request, queryset, paused=False)
+
+    @admin.action(description="Close the circuit of the selected consumers", permissions=["change"])
+    def close_circuit(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
+        for consumer in queryset:
+            consumer.close_circuit()
+        messages.success(request, f"Closed the circuit of {len(queryset)} consumer(s).")
+
+    @staticmethod
+    def _set_paused(request: HttpRequest, queryset: QuerySet[Consumer], *, paused: bool) -> None:
+        # Locked as in the API, so a concurrent consumer PUT cannot write back the old value.
+        with transaction.atomic():
+            # of=self: the changelist's queryset joins the channel, whose row needs no lock.
+            consumers = list(queryset.select_for_update(of=("self",)))
+            for consumer in consumers:
+                set_paused(consumer, paused)
+        verb = "Paused" if paused else "Resumed"
+        messages.success(request, f"{verb} {len(consumers)} consumer(s).")

@@ -1,0 +1,235 @@
+"""Consumer management: list, read, create-or-update, delete (SPEC §4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.api.conditional import require_unmodified_since, with_last_modified
+from broker.api.pagination import paginate
+from broker.api.schema import IF_UNMODIFIED_SINCE
+from broker.api.serializers import (
+    ListResultSerializer,
+    StakeholderForm,
+    StakeholderSerializer,
+    read_form,
+    validate_path_id,
+)
+from broker.models import Channel
+from consumers import services
+from consumers.models import Consumer
+
+CIRCUIT_STATES = ["closed", "open", "half-open"]  # Consumer.circuit_state
+
+
+def consumer_url(consumer: Consumer) -> str:
+    return f"/channel/{consumer.channel_id}/consumer/{consumer.public_id}"
+
+
+class ConsumerSerializer(StakeholderSerializer):
+    CallbackURL = serializers.CharField(source="callback_url")
+    DeadLetterQueueURL = serializers.SerializerMethodField()
+    Type = serializers.CharField(source="type")
+    # Extensions (SPEC §4); webhook-broker clients ignore unknown fields.
+    Paused = serializers.BooleanField(source="paused")
+    Ordering = serializers.CharField(source="ordering")
+    RetryDelays = serializers.ListField(
+        source="retry_delays", child=serializers.IntegerField(), allow_null=True
+    )
+    NonRetryableStatuses = serializers.ListField(
+        source="non_retryable_statuses", child=serializers.IntegerField()
+    )
+    MaxInFlight = serializers.IntegerField(source="max_in_flight", allow_null=True)
+    # Seconds a push job may wait undelivered before it expires; null: BROKER_MAX_JOB_AGE_SECONDS.
+    MaxJobAge = serializers.IntegerField(source="max_job_age", allow_null=True)
+    # The circuit breaker (SPEC §6.4), as the dispatcher left it; changed only by …/circuit/close.
+    CircuitState = serializers.SerializerMethodField()
+    CircuitOpenUntil = serializers.DateTimeField(
+        source="circuit_open_until", allow_null=True, read_only=True
+    )
+    ConsecutiveFailures = serializers.IntegerField(source="circuit_failures", read_only=True)
+
+    def get_DeadLetterQueueURL(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
+        return f"{consumer_url(consumer)}/dlq"
+
+    @extend_schema_field(serializers.ChoiceField(choices=CIRCUIT_STATES))
+    def get_CircuitState(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
+        return consumer.circuit_state(timezone.now())
+
+
+class ConsumerForm(StakeholderForm):
+    callbackUrl = serializers.CharField(max_length=2048)  # noqa: N815 (wire name)
+    type = serializers.ChoiceField(choices=Consumer.Type.values, required=False, allow_blank=True)
+    ordering = serializers.ChoiceField(choices=Consumer.Ordering.values, required=False)
+    retryDelays = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    nonRetryableStatuses = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    maxInFlight = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    maxJobAge = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    # Imports an existing secret (e.g. one the receiver already has); never echoed back.
+    signingSecret = serializers.CharField(  # noqa: N815
+        required=False,
+        max_length=256,
+        help_text="whsec_ + base64 of 24 to 64 bytes; replaces the current secret, no overlap",
+    )
+
+    def validate_callbackUrl(self, value: str) -> str:  # noqa: N802
+        return services.validated(services.checked_callback_url, value)
+
+    def validate_retryDelays(self, value: str) -> list[int] | None:  # noqa: N802
+        return services.validated(services.parse_retry_delays, value)  # blank: BROKER_RETRY_DELAYS
+
+    def validate_nonRetryableStatuses(self, value: str) -> list[int]:  # noqa: N802
+        return services.validated(services.parse_non_retryable_statuses, value)
+
+    def validate_maxInFlight(self, value: str) -> int | None:  # noqa: N802
+        return services.validated(services.parse_max_in_flight, value)
+
+    def validate_maxJobAge(self, value: str) -> int | None:  # noqa: N802
+        return services.validated(services.parse_max_job_age, value)  # blank: the global limit
+
+    def validate_signingSecret(self, value: str) -> str:  # noqa: N802
+        return services.validated(services.checked_signing_secret, value)
+
+
+class ConsumerListView(APIView):
+    @extend_schema(responses={200: ListResultSerializer})
+    def get(self, request: Request, channel_id: str) -> Response:
+        channel = get_object_or_404(Channel, pk=channel_id)
+        items, pages = paginate(request, Consumer.objects.filter(channel=channel))
+        return Response({"Result": [consumer_url(item) for item in items], "Pages": pages})
+
+
+class ConsumerDetailView(APIView):
+    serializer_class = ConsumerSerializer
+
+    def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+        return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
+
+    @extend_schema(request=ConsumerForm, parameters=[IF_UNMODIFIED_SINCE])
+    def put(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        validate_path_id(consumer_id, "consumer")
+        form = read_form(request, ConsumerForm)
+        channel = get_object_or_404(Channel, pk=channel_id)
+
+        def unmodified_since(existing: Consumer | None) -> None:
+            if existing is not None:  # creating needs no precondition
+                require_unmodified_since(request, existing.changed_at)
+
+        consumer = services.save_consumer(channel, consumer_id, form, unmodified_since)
+        return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
+
+    @extend_schema(responses={204: None}, parameters=[IF_UNMODIFIED_SINCE])
+    def delete(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        with transaction.atomic():
+            consumer = get_object_or_404(
+                Consumer.objects.select_for_update(), channel_id=channel_id, public_id=consumer_id
+            )
+            require_unmodified_since(request, consumer.changed_at)
+            # Its jobs (queued, in flight, dead) and their attempts go with it: there is nobody
+            # left to deliver them to. The messages stay for the channel's other consumers.
+            consumer.delete()
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+CONSUMER_AS_NOW = OpenApiResponse(ConsumerSerializer, description="the consumer, after the change")
+
+
+class ConsumerServiceView(APIView):
+    """A view that acts through consumers/services.py, whose ConsumerNotFound is a 404 here.
+
+    Mapped here rather than in broker.api.errors.DOMAIN_ERRORS: importing consumers.services
+    there would be an import cycle (services uses broker.api.serializers, which imports errors).
+    """
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, services.ConsumerNotFound):
+            exc = Http404(str(exc))
+        return super().handle_exception(exc)
+
+
+class PauseConsumerView(ConsumerServiceView):
+    """Pause delivery: jobs keep accumulating, none is attempted or handed out until resumed.
+
+    Push deliveries already in flight finish; pull consumers' INFLIGHT jobs can still be
+    reported DELIVERED or DEAD. Pausing a paused consumer is a 202 that changes nothing.
+    """
+
+    paused = True
+
+    @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        return _accepted(services.pause_consumer(channel_id, consumer_id, self.paused))
+
+
+class ResumeConsumerView(PauseConsumerView):
+    """Resume delivery of a paused consumer; resuming one that is not paused changes nothing."""
+
+    paused = False
+
+
+class CloseCircuitView(ConsumerServiceView):
+    """Close the consumer's circuit now (SPEC §6.4): delivery resumes with the next claim.
+
+    Resets ConsecutiveFailures and the cooldown; ChangedAt does not move, as for every circuit
+    change (they are delivery activity, not settings). A closed circuit stays closed.
+    """
+
+    @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        return _accepted(services.close_circuit(channel_id, consumer_id))
+
+
+def _accepted(consumer: Consumer) -> Response:
+    response = Response(ConsumerSerializer(consumer).data, status=status.HTTP_202_ACCEPTED)
+    return with_last_modified(response, consumer.changed_at)
+
+
+class SigningSecretSerializer(serializers.Serializer[Any]):
+    SigningSecret = serializers.CharField(source="signing_secret", help_text="whsec_ + base64")
+    PreviousSigningSecretExpiresAt = serializers.DateTimeField(
+        source="previous_secret_expires_at",
+        required=False,
+        help_text="present while the previous secret still signs deliveries",
+    )
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = dict(super().to_representation(instance))
+        if len(instance.active_signing_secrets(timezone.now())) < 2:
+            del data["PreviousSigningSecretExpiresAt"]
+        return data
+
+
+class SigningSecretView(ConsumerServiceView):
+    """A consumer's Standard Webhooks signing secret (SPEC §6.5), kept out of the consumer JSON."""
+
+    @extend_schema(
+        description="The current signing secret.", responses={200: SigningSecretSerializer}
+    )
+    def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+        return _secret_response(consumer)
+
+    @extend_schema(
+        description="Rotate: a new secret signs from now on, the old one too for 24 hours.",
+        request=None,
+        responses={200: SigningSecretSerializer},
+    )
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        return _secret_response(services.rotate_signing_secret(channel_id, consumer_id))
+
+
+def _secret_response(consumer: Consumer) -> Response:
+    response = Response(SigningSecretSerializer(consumer).data)
+    # A secret must not linger in a browser or proxy cache.
+    response["Cache-Control"] = "no-store"
+    return response

@@ -1,0 +1,77 @@
+"""The form of a callback URL: an absolute http(s) URL with a host and a port aiohttp can use.
+
+Checked when a consumer is created, edited or seeded. Where the host may lead is the address
+guard's business (consumers/safety.py), not this module's: single-label names such as
+`http://receiver:8080/hook` (what docker-compose and Kubernetes give) are well-formed here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
+from yarl import URL
+
+# A host name label: letters, digits, hyphens and underscores (service names in docker-compose
+# and Kubernetes have them), not starting or ending with a hyphen.
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_SPACE_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+_PORT = re.compile(r"[0-9]{1,5}")  # as written: no sign, no digits of other scripts
+BAD_FORM = "must be an absolute http(s) URL."
+BAD_PORT = "must be an absolute http(s) URL with a port from 1 to 65535."
+
+
+def validate_callback_url(value: str) -> None:
+    """ValidationError, with a message fit to show next to the field, unless `value` is a
+    well-formed callback URL."""
+    if _SPACE_OR_CONTROL.search(value):
+        raise ValidationError(f"{BAD_FORM.removesuffix('.')} without spaces or control characters.")
+    try:
+        host, port = _host_and_port(urlsplit(value).netloc)  # as written
+    except ValueError:
+        raise ValidationError(BAD_FORM) from None
+    if port is not None and not (_PORT.fullmatch(port) and 1 <= int(port) <= 65535):
+        raise ValidationError(BAD_PORT)
+    try:
+        url = URL(value)  # as aiohttp reads it
+    except ValueError:
+        raise ValidationError(BAD_FORM) from None
+    if url.scheme not in ("http", "https") or not url.raw_host or not host:
+        raise ValidationError(BAD_FORM)
+    if host.startswith("[") and not _ipv6_literal(host[1:-1]):
+        raise ValidationError(f"has an invalid IPv6 address {host[:100]!r}.")
+    if not host.startswith("[") and not _name_or_ipv4(url.raw_host):
+        raise ValidationError(f"has an invalid host name {url.raw_host[:100]!r}.")
+
+
+def _host_and_port(netloc: str) -> tuple[str, str | None]:
+    """The host (an IPv6 literal with its brackets) and the port, as written; ValueError when
+    a bracket is left open or followed by anything but a port."""
+    host_port = netloc.rpartition("@")[2]
+    if host_port.startswith("["):
+        inside, closed, rest = host_port.partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            raise ValueError(netloc)
+        return inside + closed, rest[1:] or None
+    host, _, port = host_port.partition(":")
+    return host, port or None  # "host:" is the default port, as "host" is
+
+
+def _ipv6_literal(text: str) -> bool:
+    """An IPv6 address, with a zone ID written as RFC 6874 asks ("%25" and the zone) or none."""
+    address, percent, zone = text.partition("%")
+    if percent and not (zone.startswith("25") and len(zone) > 2):
+        return False
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def _name_or_ipv4(host: str) -> bool:
+    """A DNS name (an IDN already in ASCII) or an IPv4 address, which is made of labels too."""
+    labels = host.removesuffix(".").split(".")
+    return len(host) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)

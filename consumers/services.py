@@ -1,0 +1,228 @@
+"""Consumer settings and controls, shared by the REST API (consumers/api.py) and the
+operator UI
+(broker/ui/consumer_pages.py): one validation of the settings, one way to save them, pause, resume,
+close a circuit and rotate a secret, whichever door the request came through.
+
+Validators take the text of a form field (the API's form-encoded PUT and the UI's HTML form send
+the same text) and raise `InvalidSetting` with a message fit to show next to the field; both
+forms call them through `validated`. A control of a consumer that does not exist raises
+`ConsumerNotFound`, which each door answers with its own 404.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from broker.api.serializers import parse_int
+from broker.api.stakeholders import apply_stakeholder_form
+from broker.models import Channel
+from consumers.callback_url import validate_callback_url
+from consumers.models import Consumer
+from consumers.safety import UnsafeCallback, check_callback_url
+from jobs.expiry import restart_age
+from jobs.signing import InvalidSecret, decode_secret
+
+T = TypeVar("T")
+
+MAX_RETRIES = 50
+MAX_RETRY_DELAY_SECONDS = 7 * 86400
+MAX_JOB_AGE_SECONDS = 365 * 86400
+
+# The settings form's fields (the API's wire names) and the model attributes they set.
+FORM_TO_MODEL = {
+    "callbackUrl": "callback_url",
+    "ordering": "ordering",
+    "retryDelays": "retry_delays",
+    "nonRetryableStatuses": "non_retryable_statuses",
+    "maxInFlight": "max_in_flight",
+    "maxJobAge": "max_job_age",
+}
+
+
+class InvalidSetting(ValueError):
+    """A consumer setting that cannot be accepted; str() is the message for the user."""
+
+
+class ConsumerNotFound(LookupError):
+    """No consumer with this ID in this channel (or no such channel)."""
+
+    def __init__(self, channel_id: str, consumer_id: str) -> None:
+        super().__init__(f"No consumer {consumer_id!r} in channel {channel_id!r}.")
+
+
+# Validation of the settings (SPEC §4 extensions, §9 callback safety)
+
+
+def validated(validator: Callable[[str], T], value: str) -> T:
+    """The validator's result; its refusal as Django's ValidationError, which a form's
+    clean_<field> and a DRF serializer's validate_<field> both show as an error of the field."""
+    try:
+        return validator(value)
+    except InvalidSetting as error:
+        raise ValidationError(str(error)) from None
+
+
+def checked_callback_url(value: str) -> str:
+    """An absolute http(s) URL whose host the address guard allows (consumers/safety.py)."""
+    try:
+        validate_callback_url(value)
+    except ValidationError as error:
+        raise InvalidSetting(error.messages[0]) from None
+    try:
+        check_callback_url(value)
+    except UnsafeCallback as exc:
+        raise InvalidSetting(exc.message) from None
+    return value
+
+
+def parse_retry_delays(value: str) -> list[int] | None:
+    """Seconds before each retry; None (blank) means the global BROKER_RETRY_DELAYS."""
+    delays = _int_list(value, low=0, high=MAX_RETRY_DELAY_SECONDS, what="retryDelays")
+    if len(delays) > MAX_RETRIES:
+        raise InvalidSetting(f"retryDelays: at most {MAX_RETRIES} entries.")
+    return delays if value.strip() else None
+
+
+def parse_non_retryable_statuses(value: str) -> list[int]:
+    return _int_list(value, low=100, high=599, what="nonRetryableStatuses")
+
+
+def parse_max_in_flight(value: str) -> int | None:
+    """The per-consumer concurrency cap; None (blank) means the dispatcher's default."""
+    if not value.strip():
+        return None
+    numbers = _int_list(value, low=1, high=100000, what="maxInFlight")
+    if len(numbers) != 1:
+        raise InvalidSetting("maxInFlight: one integer.")
+    return numbers[0]
+
+
+def parse_max_job_age(value: str) -> int | None:
+    """Seconds a push job may wait undelivered before it expires (jobs/expiry.py); None
+    (blank)
+    means BROKER_MAX_JOB_AGE_SECONDS, 0 no limit."""
+    if not value.strip():
+        return None
+    numbers = _int_list(value, low=0, high=MAX_JOB_AGE_SECONDS, what="maxJobAge")
+    if len(numbers) != 1:
+        raise InvalidSetting("maxJobAge: one integer (seconds).")
+    return numbers[0]
+
+
+def checked_signing_secret(value: str) -> str:
+    """An imported "whsec_…" secret; the message never repeats the value."""
+    try:
+        decode_secret(value)
+    except InvalidSecret as error:
+        raise InvalidSetting(f"signingSecret: {error}") from None
+    return value
+
+
+def _int_list(value: str, *, low: int, high: int, what: str) -> list[int]:
+    try:
+        numbers = [parse_int(item) for item in value.split(",") if item.strip()]
+    except ValueError:
+        raise InvalidSetting(f"{what}: comma-separated integers.") from None
+    if any(not low <= number <= high for number in numbers):
+        raise InvalidSetting(f"{what}: each between {low} and {high}.")
+    return numbers
+
+
+# Writes
+
+
+def save_consumer(
+    channel: Channel,
+    consumer_id: str,
+    form: dict[str, Any],
+    check: Callable[[Consumer | None], None],
+) -> Consumer:
+    """Create or update a consumer from validated settings (the API's wire names as keys).
+
+    The row is locked while `check` looks at it (None: no such consumer yet) and may raise to
+    refuse the write: the API checks If-Unmodified-Since, the UI its form's ChangedAt, so a change
+    made by someone else in between is never overwritten. An omitted field keeps its value.
+    """
+    with transaction.atomic():
+        consumer = (
+            Consumer.objects.select_for_update()
+            .filter(channel=channel, public_id=consumer_id)
+            .first()
+        )
+        check(consumer)
+        was_pull = consumer is not None and consumer.is_pull
+        if consumer is None:
+            consumer = Consumer(channel=channel, public_id=consumer_id)
+        apply_settings(consumer, form)
+        consumer.save()
+        if was_pull and not consumer.is_pull:
+            restart_age(consumer)  # its jobs' age limit counts from when it can receive them
+    return consumer
+
+
+def apply_settings(consumer: Consumer, form: dict[str, Any]) -> None:
+    """Set the form's fields on the consumer (not saved); a new consumer gets its defaults."""
+    apply_stakeholder_form(consumer, form, default_name=consumer.public_id)
+    if form.get("type") or consumer._state.adding:
+        consumer.type = form.get("type") or Consumer.Type.PUSH
+    for field, attribute in FORM_TO_MODEL.items():
+        if field in form:
+            setattr(consumer, attribute, form[field])
+    if "signingSecret" in form:
+        consumer.replace_signing_secret(form["signingSecret"])
+
+
+def set_paused(consumer: Consumer, paused: bool) -> None:
+    """Pause or resume delivery (SPEC §6.6); callers lock the consumer's row first, so that
+    ChangedAt moves past the latest change.
+
+    Saving moves ChangedAt, so dispatchers reload the consumer; a request that changes nothing
+    (pausing a paused consumer) saves nothing and keeps Last-Modified valid for clients.
+    """
+    if consumer.paused == paused:
+        return
+    consumer.paused = paused
+    # Only these columns: the rest of the instance may be older than the row (the dispatcher
+    # writes the circuit columns at any moment, without a lock when it closes a circuit).
+    consumer.save(update_fields=["paused", "changed_at"])
+    if not paused:
+        restart_age(consumer)  # the time it was held back is not held against its jobs
+
+
+def find_consumer(channel_id: str, consumer_id: str, *, lock: bool = False) -> Consumer:
+    """The consumer (its row locked until the transaction ends if `lock`); ConsumerNotFound
+    when there is none."""
+    consumers = Consumer.objects.select_for_update() if lock else Consumer.objects.all()
+    try:
+        return consumers.get(channel_id=channel_id, public_id=consumer_id)
+    except Consumer.DoesNotExist:
+        raise ConsumerNotFound(channel_id, consumer_id) from None
+
+
+def pause_consumer(channel_id: str, consumer_id: str, paused: bool) -> Consumer:
+    """Pause (or resume) the consumer under its row lock and return it as it now is."""
+    with transaction.atomic():
+        consumer = find_consumer(channel_id, consumer_id, lock=True)
+        set_paused(consumer, paused)
+    return consumer
+
+
+def close_circuit(channel_id: str, consumer_id: str) -> Consumer:
+    """Close the consumer's circuit now (SPEC §6.4) and return it."""
+    consumer = find_consumer(channel_id, consumer_id)
+    consumer.close_circuit()
+    return consumer
+
+
+def rotate_signing_secret(channel_id: str, consumer_id: str) -> Consumer:
+    """Rotate the consumer's signing secret (the old one signs for 24 more hours) and return it."""
+    with transaction.atomic():
+        # Locked so that two concurrent rotations cannot both demote the same secret.
+        consumer = find_consumer(channel_id, consumer_id, lock=True)
+        consumer.rotate_signing_secret(timezone.now())
+    return consumer

@@ -1,0 +1,245 @@
+"""Pull consumers drive their jobs' state machine over REST (SPEC §4, webhook-broker's pull API).
+
+A paused pull consumer (SPEC §6.6) is handed nothing: queued-jobs lists no jobs, claim takes none
+and a job cannot be moved to INFLIGHT (409). Jobs already INFLIGHT can still be reported, so work
+a worker holds is not lost by pausing. A request already past its pause check when the pause lands
+completes, as a push delivery in flight does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from broker.api.errors import ApiError
+from broker.api.serializers import ErrorSerializer, parse_int
+from broker.conf import broker_settings
+from consumers.models import Consumer
+from jobs.api.access import authorized_consumer, consumer_job
+from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
+from jobs.leases import claim_for_pull, sweep_expired_leases
+from jobs.models import Job, delete_jobs
+from jobs.outcome_log import PullReport
+from jobs.retry import Verdict
+from jobs.states import (
+    DEAD,
+    DELIVERED,
+    INFLIGHT,
+    QUEUED,
+    TransitionConflict,
+    check_transition,
+)
+
+DEFAULT_LIMIT, MAX_LIMIT = 25, 100
+MAX_INCREMENTAL_TIMEOUT = 86400
+# A long poll holds its worker: it must end well before gunicorn's default 30 s --timeout, which
+# kills a sync worker busy with one request that long (seen under load: a 500 and a lost worker).
+# A longer wait is shortened to this, not refused: workers written for the earlier 30 s go on.
+MAX_WAIT_SECONDS = 20
+LONGEST_WAIT_ACCEPTED = 3600
+POLL_INTERVAL_SECONDS = 0.2
+PULL_FAILED = "reported failed by the pull consumer"
+TOKEN_HEADERS = [
+    OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),
+    OpenApiParameter("X-Broker-Consumer-Token", str, OpenApiParameter.HEADER, required=True),
+]
+JOB_PARAMETERS = [
+    *TOKEN_HEADERS,
+    OpenApiParameter(
+        "job_id",
+        str,
+        OpenApiParameter.PATH,
+        pattern="^[0-9a-v]{20}$",
+        description="the job's ID: an xid, as webhook-broker's (docs/api.md#ids)",
+    ),
+]
+
+
+class TokenView(APIView):
+    """Guarded by the channel and consumer tokens instead of admin authentication."""
+
+    authentication_classes = []
+    permission_classes = []
+
+
+def _bounded_int(raw: Any, name: str, default: int, high: int) -> int:
+    if raw in (None, ""):
+        return default
+    try:
+        value = parse_int(str(raw))
+    except ValueError:
+        raise ApiError(status.HTTP_400_BAD_REQUEST, f"{name} must be an integer.") from None
+    if value < 0:
+        raise ApiError(status.HTTP_400_BAD_REQUEST, f"{name} must not be negative.")
+    return min(value, high)
+
+
+class QueuedJobsView(TokenView):
+    @extend_schema(
+        parameters=[
+            *TOKEN_HEADERS,
+            OpenApiParameter("limit", int, description="default 25, max 100"),
+        ],
+        responses={200: QueuedJobsSerializer},
+    )
+    def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        limit = _bounded_int(request.query_params.get("limit"), "limit", DEFAULT_LIMIT, MAX_LIMIT)
+        sweep_expired_leases()
+        if consumer.paused:
+            return Response({"Result": []})
+        jobs = (
+            Job.objects.filter(consumer=consumer, status=QUEUED)
+            .select_related("message")
+            .order_by("-priority", "pk")[:limit]
+        )
+        return Response(QueuedJobsSerializer({"Result": list(jobs)}).data)
+
+
+class ClaimForm(serializers.Serializer[Any]):
+    limit = serializers.IntegerField(required=False, min_value=0, max_value=MAX_LIMIT)
+    timeout = serializers.IntegerField(required=False, min_value=1, max_value=86400)
+    wait = serializers.FloatField(required=False, min_value=0, max_value=LONGEST_WAIT_ACCEPTED)
+
+
+class ClaimView(TokenView):
+    parser_classes = [FormParser, JSONParser]
+
+    @extend_schema(
+        parameters=TOKEN_HEADERS, request=ClaimForm, responses={200: QueuedJobsSerializer}
+    )
+    def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
+        """Atomically take up to `limit` queued jobs (INFLIGHT under a lease of `timeout` s)."""
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        form = ClaimForm(data=request.data)
+        form.is_valid(raise_exception=True)
+        limit = form.validated_data.get("limit", DEFAULT_LIMIT)
+        lease = form.validated_data.get(
+            "timeout",
+            broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
+            + broker_settings.BROKER_RATIONAL_DELAY_SECONDS,
+        )
+        deadline = time.monotonic() + min(form.validated_data.get("wait", 0), MAX_WAIT_SECONDS)
+        sweep_expired_leases()
+        jobs = _claim_unless_paused(consumer, limit, lease) if limit else []
+        # Long poll: hold the request until jobs arrive or `wait` runs out. A paused consumer
+        # waits too, so its workers do not spin, and gets jobs if it is resumed meanwhile.
+        while limit and not jobs and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_SECONDS)
+            consumer.refresh_from_db(fields=["paused"])
+            jobs = _claim_unless_paused(consumer, limit, lease)
+        return Response(QueuedJobsSerializer({"Result": jobs}).data)
+
+
+def _claim_unless_paused(consumer: Consumer, limit: int, lease: int) -> list[Job]:
+    return [] if consumer.paused else claim_for_pull(consumer, limit, lease)
+
+
+class TransitionRequest(serializers.Serializer[Any]):
+    # QUEUED is accepted only as the job's current state (202, as in webhook-broker).
+    NextState = serializers.ChoiceField(choices=[QUEUED, INFLIGHT, DELIVERED, DEAD])
+    IncrementalTimeout = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_INCREMENTAL_TIMEOUT
+    )
+
+
+class JobView(TokenView):
+    @extend_schema(parameters=JOB_PARAMETERS, responses={200: JobLinksSerializer})
+    def get(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        return Response(JobLinksSerializer(consumer_job(consumer, job_id)).data)
+
+    @extend_schema(
+        parameters=JOB_PARAMETERS,
+        request={"application/json": TransitionRequest},
+        responses={
+            202: OpenApiResponse(description="moved, or already in that state"),
+            409: OpenApiResponse(
+                ErrorSerializer, description="moving to INFLIGHT while the consumer is paused"
+            ),
+        },
+    )
+    def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        job = consumer_job(consumer, job_id)
+        target, timeout = _transition_request(request)
+        if timeout and (target != INFLIGHT or job.status == INFLIGHT):
+            raise ApiError(
+                status.HTTP_400_BAD_REQUEST,
+                "IncrementalTimeout is only allowed when moving a job to INFLIGHT.",
+            )
+        if job.status != target:
+            if target == INFLIGHT and consumer.paused:
+                check_transition(job.status, target)  # a forbidden move stays a 400
+                raise ApiError(
+                    status.HTTP_409_CONFLICT,
+                    "Consumer is paused: no job can be moved to INFLIGHT until it is resumed.",
+                )
+            _move(job, target, timeout)
+        return Response(status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(parameters=JOB_PARAMETERS, responses={204: None})
+    def delete(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        """Delete one dead job (any consumer type)."""
+        consumer = authorized_consumer(
+            request, channel_id, consumer_id, pull_only=False, unknown_consumer_status=404
+        )
+        job = consumer_job(consumer, job_id)
+        if not delete_jobs(Job.objects.filter(pk=job.pk, status=DEAD)):
+            raise ApiError(status.HTTP_404_NOT_FOUND, "No dead job with that ID.")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _transition_request(request: Request) -> tuple[str, int]:
+    """NextState and IncrementalTimeout from the JSON body; key case is ignored, as in Go."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be JSON.") from None
+    if not isinstance(body, dict):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be a JSON object.")
+    canonical = {"nextstate": "NextState", "incrementaltimeout": "IncrementalTimeout"}
+    form = TransitionRequest(
+        data={canonical.get(key.lower(), key): value for key, value in body.items()}
+    )
+    if not form.is_valid():
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.")
+    return form.validated_data["NextState"], form.validated_data.get("IncrementalTimeout", 0)
+
+
+def _move(job: Job, target: str, timeout: int) -> None:
+    report = PullReport.of(job)  # an outcome (DELIVERED, DEAD) is logged, as a push one is
+    try:
+        if target == INFLIGHT:
+            job.start(incremental_timeout=timeout)
+        elif target == DELIVERED:
+            job.mark_delivered()
+            report.log(Verdict.DELIVERED)
+        elif target == DEAD:
+            job.mark_dead(PULL_FAILED)
+            report.log(Verdict.DEAD, PULL_FAILED)
+        else:
+            raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.")
+    except TransitionConflict:
+        # Someone else moved it first; fine if it ended where this caller wanted it.
+        job.refresh_from_db(fields=["status"])
+        if job.status != target:
+            raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.") from None
+
+
+class RequeueDeadJobView(TokenView):
+    @extend_schema(parameters=JOB_PARAMETERS, request=None, responses={202: None})
+    def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=False)
+        job = consumer_job(consumer, job_id)
+        if not Job.objects.filter(pk=job.pk).requeue_dead():
+            raise ApiError(status.HTTP_400_BAD_REQUEST, "The job is not DEAD.")
+        return Response(status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from broker.api.serializers import PayloadFieldsMixin
+from jobs.models import Job
+
+
+def job_url(job: Job) -> str:
+    return (
+        f"/channel/{job.consumer.channel_id}/consumer/{job.consumer.public_id}/job/{job.public_id}"
+    )
+
+
+class QueuedMessageSerializer(PayloadFieldsMixin):
+    MessageID = serializers.CharField(source="public_id")
+    Headers = serializers.DictField(source="headers", child=serializers.CharField())
+    ContentType = serializers.CharField(source="content_type")
+
+
+class QueuedJobSerializer(serializers.Serializer[Any]):
+    """An entry of queued-jobs and claim: the job with its message."""
+
+    ID = serializers.CharField(source="public_id")
+    Priority = serializers.IntegerField(source="priority")
+    IncrementalTimeout = serializers.IntegerField(source="incremental_timeout")
+    Attempts = serializers.IntegerField(source="attempts")
+    Message = QueuedMessageSerializer(source="message")
+
+
+class QueuedJobsSerializer(serializers.Serializer[Any]):
+    Result = QueuedJobSerializer(many=True)
+
+
+class JobSummarySerializer(serializers.Serializer[Any]):
+    """A job as listed with its message: webhook-broker's fields plus extensions."""
+
+    ID = serializers.CharField(source="public_id")
+    ListenerEndpoint = serializers.CharField(source="consumer.callback_url")
+    ListenerName = serializers.CharField(source="consumer.name")  # as webhook-broker: its name
+    Status = serializers.CharField(source="status")
+    StatusChangedAt = serializers.DateTimeField(source="status_changed_at")
+    Attempts = serializers.IntegerField(source="attempts")
+    LastError = serializers.CharField(source="last_error")
+
+
+class JobLinksSerializer(JobSummarySerializer):
+    """A job as webhook-broker's HyperlinkedDeliveryJobModel, plus extensions."""
+
+    Priority = serializers.IntegerField(source="priority")
+    LeaseExpiresAt = serializers.DateTimeField(source="lease_expires_at", allow_null=True)
+    MessageURL = serializers.SerializerMethodField()
+    ChannelURL = serializers.SerializerMethodField()
+    ConsumerURL = serializers.SerializerMethodField()
+    ProducerURL = serializers.SerializerMethodField()
+    JobRequeueURL = serializers.SerializerMethodField()
+
+    def get_MessageURL(self, job: Job) -> str:  # noqa: N802 (wire name)
+        return f"/channel/{job.consumer.channel_id}/message/{job.message.public_id}"
+
+    def get_ChannelURL(self, job: Job) -> str:  # noqa: N802
+        return f"/channel/{job.consumer.channel_id}"
+
+    def get_ConsumerURL(self, job: Job) -> str:  # noqa: N802
+        return f"/channel/{job.consumer.channel_id}/consumer/{job.consumer.public_id}"
+
+    def get_ProducerURL(self, job: Job) -> str:  # noqa: N802
+        return f"/producer/{job.message.producer_id}"
+
+    def get_JobRequeueURL(self, job: Job) -> str:  # noqa: N802
+        return f"{job_url(job)}/requeue-dead-job" if job.status == Job.Status.DEAD else ""

@@ -1,0 +1,362 @@
+"""Jobs (one per message and consumer) and the record of every push attempt (SPEC §3)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import models
+from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from broker.conf import broker_settings
+from broker.models import Message
+from broker.xids import key_of_xid, public_key_xid
+from consumers.models import Consumer
+from jobs.states import (
+    DEAD,
+    DELIVERED,
+    INFLIGHT,
+    QUEUED,
+    ForbiddenTransition,
+    JobStatus,
+    TransitionConflict,
+    check_transition,
+)
+
+
+def lease_expiry(now: datetime, incremental_timeout: int = 0) -> datetime:
+    """When an INFLIGHT job handed out at `now` returns to the queue (SPEC §10)."""
+    seconds = (
+        broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
+        + broker_settings.BROKER_RATIONAL_DELAY_SECONDS
+        + incremental_timeout
+    )
+    return now + timedelta(seconds=seconds)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def transition(self, source: JobStatus, target: JobStatus, **changes: Any) -> int:
+        """Move every job of this queryset that is still `source` to `target`.
+
+        One conditional UPDATE: concurrent actors can never both win, and the returned row count
+        says how many jobs this caller moved.
+        """
+        check_transition(source, target)
+        return self.filter(status=source).update(
+            status=target, status_changed_at=timezone.now(), **changes
+        )
+
+    def requeue_dead(self) -> int:
+        return self.transition(DEAD, QUEUED, **_requeue_changes())
+
+    def replay_delivered(self) -> int:
+        """Deliver these DELIVERED jobs again (broker/replay.py): QUEUED, due now, attempts reset
+        as by a requeue; their DeliveryAttempt rows stay, so the history shows both deliveries."""
+        return self.transition(DELIVERED, QUEUED, **_requeue_changes())
+
+    def with_public_id(self, public_id: str) -> JobQuerySet:
+        """The job named by `public_id` (Job.public_id), found by its primary key; none if the ID
+        is malformed or names another job's key with a different creation second."""
+        parts = key_of_xid(public_id)
+        if parts is None:
+            return self.none()
+        seconds, key = parts
+        created = datetime.fromtimestamp(seconds, tz=UTC)
+        return self.filter(
+            pk=key, created_at__gte=created, created_at__lt=created + timedelta(seconds=1)
+        )
+
+    def heads_of_their_keys(self) -> JobQuerySet:
+        """Only jobs with no earlier pending (QUEUED or INFLIGHT) job of the same consumer and
+        ordering key: what an ordered consumer may be handed (SPEC §6.3)."""
+        earlier_pending = Job.objects.filter(
+            consumer_id=OuterRef("consumer_id"),
+            ordering_key=OuterRef("ordering_key"),
+            pk__lt=OuterRef("pk"),
+            status__in=[QUEUED, INFLIGHT],
+        )
+        return self.exclude(Exists(earlier_pending))
+
+
+def _requeue_changes() -> dict[str, Any]:
+    """A job back in the queue as new work: no attempt used, due now, a full age limit again,
+    and no last error (it would say that the attempts were used up, or that it expired)."""
+    now = timezone.now()
+    return {
+        "attempts": 0,
+        "next_attempt_at": now,
+        "lease_expires_at": None,
+        "enqueued_at": now,
+        "last_error": "",
+    }
+
+
+class Job(models.Model):
+    Status = JobStatus
+
+    # No FK index on message: the unique (message, consumer) constraint leads with it.
+    message = models.ForeignKey(
+        Message, on_delete=models.CASCADE, related_name="jobs", db_index=False
+    )
+    consumer = models.ForeignKey(Consumer, on_delete=models.CASCADE, related_name="jobs")
+    status = models.CharField(max_length=9, choices=JobStatus.choices, default=QUEUED)
+    priority = models.IntegerField(default=0)  # copied from the message so claims need no join
+    ordering_key = models.CharField(max_length=255, blank=True, default="")  # copied, likewise
+    # Times this job was handed out (push claim, pull take, retry of a dead job); reset on requeue.
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(
+        default=timezone.now
+    )  # not claimable before this (backoff)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)  # set while INFLIGHT
+    incremental_timeout = models.PositiveIntegerField(default=0)  # pull: extra lease seconds
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    # When the job last joined the queue as new work: created (its message published or
+    # released), requeued from the DLQ or replayed. Its age limit counts from here
+    # (jobs/expiry.py).
+    # The database default serves the fan-out statements and bulk loads written in SQL.
+    enqueued_at = models.DateTimeField(default=timezone.now, db_default=Now())
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["message", "consumer"], name="job_per_consumer_unique"),
+        ]
+        indexes = [
+            # Dispatcher claim: QUEUED jobs due now, ORDER BY priority DESC, next_attempt_at.
+            models.Index(
+                fields=["-priority", "next_attempt_at"],
+                condition=Q(status=QUEUED),
+                name="job_due_idx",
+            ),
+            # Pull queued-jobs and claim of one consumer: priority desc, then oldest (lowest id)
+            # first; also per-consumer queue depth.
+            models.Index(
+                fields=["consumer", "-priority", "id"],
+                condition=Q(status=QUEUED),
+                name="job_consumer_queued_idx",
+            ),
+            # DLQ listing, /dlq-status counts per consumer, and "requeue since T".
+            models.Index(
+                fields=["consumer", "status_changed_at"],
+                condition=Q(status=DEAD),
+                name="job_consumer_dead_idx",
+            ),
+            # The operator UI's dead jobs across consumers, newest first, keyset-paginated.
+            models.Index(
+                fields=["-status_changed_at", "-id"],
+                condition=Q(status=DEAD),
+                name="job_dead_recent_idx",
+            ),
+            # Per-consumer in-flight counts for the maxInFlight cap of the push claim.
+            models.Index(
+                fields=["consumer"], condition=Q(status=INFLIGHT), name="job_consumer_inflight_idx"
+            ),
+            # Push claim of one consumer's due jobs: priority desc, then due time.
+            models.Index(
+                fields=["consumer", "-priority", "next_attempt_at"],
+                condition=Q(status=QUEUED),
+                name="job_consumer_due_idx",
+            ),
+            # Ordered consumers (SPEC §6.3): the head of each key is its pending job with the
+            # lowest id; the claim walks the keys of a consumer through this index.
+            models.Index(
+                fields=["consumer", "ordering_key", "id"],
+                condition=Q(status__in=[QUEUED, INFLIGHT]),
+                name="job_consumer_key_pending_idx",
+            ),
+            # Sweep of expired leases: INFLIGHT jobs WHERE lease_expires_at < now.
+            models.Index(
+                fields=["lease_expires_at"], condition=Q(status=INFLIGHT), name="job_lease_idx"
+            ),
+            # Expiry (jobs/expiry.py): one consumer's QUEUED jobs WHERE enqueued_at < its
+            # limit.
+            models.Index(
+                fields=["consumer", "enqueued_at"],
+                condition=Q(status=QUEUED),
+                name="job_consumer_queued_age_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.public_id} ({self.status})"
+
+    @property
+    def public_id(self) -> str:
+        """Its ID on every public surface: an xid of its creation second and key (broker/xids)."""
+        return job_public_id(self.pk, self.created_at)
+
+    def start(self, incremental_timeout: int = 0) -> None:
+        """QUEUED or DEAD -> INFLIGHT under a lease; uses up one attempt."""
+        now = timezone.now()
+        self._move(
+            JobStatus(self.status),  # the table allows QUEUED and DEAD; anything else is refused
+            INFLIGHT,
+            attempts=F("attempts") + 1,
+            lease_expires_at=lease_expiry(now, incremental_timeout),
+            incremental_timeout=incremental_timeout,
+        )
+
+    def mark_delivered(self) -> None:
+        self._move(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
+
+    def retry_later(self, due_at: datetime, error: str) -> None:
+        self._move(
+            INFLIGHT, QUEUED, next_attempt_at=due_at, lease_expires_at=None, last_error=error
+        )
+
+    def mark_dead(self, reason: str) -> None:
+        self._move(INFLIGHT, DEAD, lease_expires_at=None, last_error=reason)
+
+    def requeue(self) -> None:
+        self._move(DEAD, QUEUED, **_requeue_changes())
+
+    def _move(self, source: JobStatus, target: JobStatus, **changes: Any) -> None:
+        check_transition(source, target)
+        if self.status != source:
+            raise ForbiddenTransition(self.status, target)
+        if not Job.objects.filter(pk=self.pk).transition(source, target, **changes):
+            raise TransitionConflict(self.pk, source, target)
+        self.refresh_from_db()
+
+
+def delete_jobs(jobs: models.QuerySet[Job]) -> int:
+    """Delete jobs with their attempts; return how many jobs (not rows) went."""
+    _, per_model = jobs.delete()
+    return per_model.get(Job._meta.label, 0)
+
+
+class DeliveryAttempt(models.Model):
+    """One push attempt: what was sent when, and what came back."""
+
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="delivery_attempts", db_index=False
+    )
+    attempt_number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)  # None: no response
+    # "http-status", "timeout", "connection", "payload-missing", ... ; "" for a 2xx.
+    error_class = models.CharField(max_length=40, blank=True, default="")
+    response_excerpt = models.TextField(blank=True, default="")  # first few KiB of the body
+    dispatcher_id = models.CharField(max_length=255)
+
+    class Meta:
+        indexes = [
+            # A job's attempt history, in order (UI and API); the FK index is this one.
+            models.Index(fields=["job", "started_at"], name="attempt_job_idx"),
+            # The delivery statistics refresh (jobs/stats.py): attempts started in the last
+            # few minutes, WHERE started_at >= t0 AND started_at < t1.
+            models.Index(fields=["started_at"], name="attempt_started_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_number} of job {self.job_id}"
+
+
+class DispatcherHeartbeat(models.Model):
+    """One row per running dispatcher, refreshed every few seconds (UI and /_status)."""
+
+    dispatcher_id = models.CharField(max_length=255, unique=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    last_beat_at = models.DateTimeField()
+    in_flight = models.PositiveIntegerField(default=0)
+    delivered = models.PositiveBigIntegerField(default=0)  # attempts answered 2xx since start
+    failed = models.PositiveBigIntegerField(default=0)  # attempts that failed since start
+
+    def __str__(self) -> str:
+        return self.dispatcher_id
+
+
+class DeliveryStats(models.Model):
+    """Push attempts of one consumer in one minute or one hour: the rollup behind the dashboard's
+    rates, success rates, latencies and charts (jobs/stats.py recounts it from
+    DeliveryAttempt)."""
+
+    class Span(models.IntegerChoices):
+        MINUTE = 60
+        HOUR = 3600
+
+    # No FK index: the unique (consumer, span, period_start) constraint leads with it.
+    consumer = models.ForeignKey(
+        Consumer, on_delete=models.CASCADE, related_name="delivery_stats", db_index=False
+    )
+    span = models.PositiveIntegerField(choices=Span.choices)  # seconds
+    period_start = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    delivered = models.PositiveIntegerField(default=0)  # answered 2xx
+    failed = models.PositiveIntegerField(default=0)  # anything else
+    # Publish-to-delivery latency of the delivered attempts: {bucket number: count}, buckets as
+    # jobs.stats.latency_bucket defines them; histograms add up, so any period's percentiles can
+    # be estimated from its rows.
+    latency_histogram = models.JSONField(default=dict)
+
+    class Meta:
+        verbose_name_plural = "delivery stats"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["consumer", "span", "period_start"], name="delivery_stats_unique"
+            ),
+        ]
+        indexes = [
+            # Every read and delete: one span's rows from (or before) a time, all consumers.
+            models.Index(fields=["span", "period_start"], name="delivery_stats_period_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer_id} {self.period_start:%Y-%m-%d %H:%M} ({self.span} s)"
+
+
+class DeliveryReport(models.Model):
+    """One figure row of the `spark_etl report` (SPEC §8): one consumer of one channel over one UTC
+    hour or day of publishing. Written only by the pipeline (spark_etl/transforms.py defines
+    the figures); the operator UI's reports page charts it."""
+
+    class Grain(models.TextChoices):
+        HOUR = "hour"
+        DAY = "day"
+
+    grain = models.CharField(max_length=4, choices=Grain.choices)
+    period_start = models.DateTimeField()
+    # Public IDs, not foreign keys: the report outlives archived messages and deleted consumers.
+    channel_id = models.CharField(max_length=255)
+    consumer_id = models.CharField(max_length=255)
+    messages = models.BigIntegerField()
+    jobs = models.BigIntegerField()
+    delivered = models.BigIntegerField()
+    dead = models.BigIntegerField()
+    success_rate = models.FloatField(null=True)  # delivered / (delivered + dead)
+    first_attempt_success_rate = models.FloatField(null=True)
+    mean_attempts = models.FloatField(null=True)
+    latency_p50_ms = models.FloatField(null=True)  # publish -> delivery, delivered jobs
+    latency_p95_ms = models.FloatField(null=True)
+    latency_p99_ms = models.FloatField(null=True)
+    top_failures = models.TextField(blank=True, default="")  # "503:12,timeout:4"
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["grain", "channel_id", "consumer_id", "period_start"],
+                name="delivery_report_unique",
+            ),
+        ]
+        indexes = [
+            # The reports page: one grain over a time range, all consumers (charts and totals);
+            # also the pipeline's replacement of a recomputed range.
+            models.Index(fields=["grain", "period_start"], name="delivery_report_period_idx"),
+        ]
+
+    def __str__(self) -> str:
+        period = f"{self.period_start:%Y-%m-%d %H:%M}"
+        return f"{self.channel_id}/{self.consumer_id} {self.grain} {period}"
+
+
+def job_public_id(key: int, created_at: datetime) -> str:
+    """Job.public_id from a row's key and creation time (for queries that fetch only those)."""
+    return public_key_xid(created_at.timestamp(), key)

@@ -1,0 +1,77 @@
+"""What a delivery attempt means for its job: delivered, retried later, or dead (SPEC §5)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+from broker.conf import broker_settings
+from broker.payloads import PAYLOAD_MISSING
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+
+# Only unavailability counts towards a consumer's circuit (SPEC §6.4, §12): no answer at all
+# (refused, reset, timed out, or a callback host that resolves to no address we may call), a 5xx,
+# or a status that says "not now". Any other answer, a 404 say, is the consumer's decision: it
+# uses attempts like any failure and never hides the consumer behind an open circuit. Failures
+# that are not the consumer's doing (cut off at shutdown, payload storage, a request-error) do
+# not count either.
+UNAVAILABLE_ERROR_CLASSES = frozenset({"timeout", "connection", "unsafe-callback"})
+UNAVAILABLE_STATUSES = frozenset({408, 429})
+
+
+class Verdict(Enum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    reason: str = ""
+    due_at: datetime | None = None  # RETRY: not before this
+    pause_consumer: bool = False  # 410 Gone: the consumer asked to stop receiving
+    # The consumer is unavailable (`is_unavailable`): counts towards opening its circuit.
+    unavailable: bool = False
+    refund: bool = False  # RETRY without using up the attempt (a circuit's failed probe)
+
+
+def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
+    """Apply the consumer's retry policy to one attempt's result."""
+    if result.succeeded:
+        return Outcome(Verdict.DELIVERED)
+    if result.error_class == PAYLOAD_MISSING:
+        # Nothing to send, ever: dead at once (SPEC §6.7), and not the consumer's doing.
+        return Outcome(Verdict.DEAD, result.error)
+    if result.status_code == 410:
+        return Outcome(Verdict.DEAD, "HTTP 410 Gone: consumer paused", pause_consumer=True)
+    if result.status_code in (consumer.non_retryable_statuses or []):
+        return Outcome(Verdict.DEAD, f"HTTP {result.status_code} is not retryable")
+    unavailable = is_unavailable(result)
+    delays = consumer.retry_delays_in_effect
+    if result.attempt > len(delays):
+        reason = f"{result.error}; all {result.attempt} attempts used"
+        return Outcome(Verdict.DEAD, reason, unavailable=unavailable)
+    delay = jittered(delays[result.attempt - 1], broker_settings.BROKER_RETRY_JITTER)
+    if result.retry_after is not None:
+        # Honoured up to the consumer's longest retry delay (Retry-After is at most a day).
+        delay = max(delay, min(result.retry_after, max(delays)))
+    due_at = now + timedelta(seconds=delay)
+    return Outcome(Verdict.RETRY, result.error, due_at=due_at, unavailable=unavailable)
+
+
+def is_unavailable(result: AttemptResult) -> bool:
+    """Whether a failed attempt shows the consumer unavailable (see UNAVAILABLE_STATUSES)."""
+    if result.status_code is None:
+        return result.error_class in UNAVAILABLE_ERROR_CLASSES
+    return 500 <= result.status_code <= 599 or result.status_code in UNAVAILABLE_STATUSES
+
+
+def jittered(seconds: float, jitter: float, rng: random.Random | None = None) -> float:
+    """`seconds` ± `jitter` (a fraction), so retries of many jobs do not arrive in lockstep."""
+    if not jitter:
+        return seconds
+    return seconds * (1 + (rng or random).uniform(-jitter, jitter))  # not security

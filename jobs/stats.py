@@ -1,0 +1,348 @@
+"""Delivery statistics: a small per-consumer rollup of push attempts (the dashboard's rates,
+success rates, latencies and charts; docs/ui-dashboard.md).
+
+Counting `DeliveryAttempt` when a page is shown does not scale (a day at 2,000 deliveries/s is
+170M rows), so `refresh_delivery_stats` keeps `DeliveryStats` rows: per consumer and minute, and
+per consumer and hour, the attempts, how many were delivered (2xx) and failed, and a histogram of
+the delivered ones' publish-to-delivery latency in fixed log-spaced buckets, so that the
+percentiles of any period can be estimated by adding histograms up.
+
+The refresh recounts whole minutes from the attempts, by `started_at`: always the trailing few
+minutes (attempts are recorded when their answer comes, up to a delivery timeout after they
+started), and everything since the last counted minute when it has not run for a while. A
+recount replaces the rows of its minutes, so re-running never counts twice; hours are then
+re-added from their minutes. Refreshes take a lock, so two at once simply run one after the other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    FloatField,
+    IntegerField,
+    Max,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.db.models.expressions import Func
+from django.db.models.functions import Cast, Coalesce, Floor, Greatest, Least, Ln, TruncMinute
+from django.utils import timezone
+
+from broker.conf import broker_settings
+from jobs.models import DeliveryAttempt, DeliveryStats
+
+MINUTE = DeliveryStats.Span.MINUTE
+HOUR = DeliveryStats.Span.HOUR
+KEPT = {MINUTE: timedelta(days=2), HOUR: timedelta(days=8)}  # then deleted by the refresh
+CHUNK = timedelta(hours=1)  # attempts recounted per transaction when catching up
+LOCK_ID = 0x6272_6F6B_6572_5354  # pg_advisory_xact_lock key of the refresh ("brokerST")
+
+# Latency buckets: 8 per decade of milliseconds, bucket k holding [10^(k/8), 10^((k+1)/8)) ms,
+# so an estimate taken from a bucket's middle is within 16% of the truth. Bucket 0 also holds
+# anything under 1.33 ms (clock skew between hosts can even make latencies negative); the last
+# one anything from 10^8 ms (28 hours) up.
+BUCKETS_PER_DECADE = 8
+LAST_BUCKET = 8 * BUCKETS_PER_DECADE
+_BUCKETS_PER_LN = BUCKETS_PER_DECADE / math.log(10)
+_EPSILON = 1e-9  # so that rounding cannot put exactly 10 ms (a bucket's lower edge) below it
+
+
+def latency_bucket(latency_ms: float) -> int:
+    """The bucket of a latency, as the refresh's SQL computes it."""
+    return min(math.floor(math.log(max(latency_ms, 1.0)) * _BUCKETS_PER_LN + _EPSILON), LAST_BUCKET)
+
+
+def bucket_estimate_ms(bucket: int) -> float:
+    """The latency that stands for a bucket: its geometric middle (the last: its lower edge)."""
+    if bucket >= LAST_BUCKET:
+        return float(10 ** (LAST_BUCKET / BUCKETS_PER_DECADE))
+    return float(10 ** ((bucket + 0.5) / BUCKETS_PER_DECADE))
+
+
+@dataclass
+class Tally:
+    """Attempts of some consumers over some period, added up from rollup rows."""
+
+    attempts: int = 0
+    delivered: int = 0
+    failed: int = 0
+    histogram: Counter[int] = field(default_factory=Counter)
+
+    def add(self, other: Tally | DeliveryStats) -> None:
+        self.attempts += other.attempts
+        self.delivered += other.delivered
+        self.failed += other.failed
+        if isinstance(other, Tally):
+            self.histogram.update(other.histogram)
+        else:
+            self.histogram.update({int(k): n for k, n in other.latency_histogram.items()})
+
+    @property
+    def success_rate(self) -> float | None:
+        """Delivered attempts out of all attempts (0..1); None without attempts."""
+        return self.delivered / self.attempts if self.attempts else None
+
+    def latency_ms(self, quantile: float) -> float | None:
+        """Estimated latency percentile (quantile 0..1) of the delivered attempts."""
+        total = sum(self.histogram.values())
+        if not total:
+            return None
+        rank = max(1, math.ceil(quantile * total))  # the rank-th fastest delivery
+        seen = 0
+        for bucket in sorted(self.histogram):
+            seen += self.histogram[bucket]
+            if seen >= rank:
+                return bucket_estimate_ms(bucket)
+        raise AssertionError("unreachable: the ranks add up to total")
+
+
+# --- refresh ------------------------------------------------------------------------------------
+
+
+def refresh_delivery_stats(now: datetime | None = None, since: datetime | None = None) -> int:
+    """Bring the rollup up to date (or recount it from `since`); return the attempts counted.
+
+    Run every minute (install_schedules) or by hand: `manage.py refresh_delivery_stats`.
+    """
+    now = now or timezone.now()
+    start = _floor(since, MINUTE) if since else _resume_point(now)
+    start = max(start, _oldest_recountable(now))
+    counted = 0
+    while (first := _first_attempt_minute(start)) is not None:
+        start = max(start, first)  # over a stretch without attempts in one step
+        end = start + CHUNK if start + CHUNK < now else None  # the last chunk is open-ended
+        counted += _recount(start, end)
+        if end is None:
+            break
+        start = end
+    _delete_expired(now)
+    return counted
+
+
+def recount_window() -> timedelta:
+    """How far back every refresh recounts: attempts are recorded when their answer comes, at
+    most a delivery timeout (plus the lease's grace) after they started; a minute more for the
+    batch that records them. Whole minutes."""
+    seconds = (
+        broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
+        + broker_settings.BROKER_RATIONAL_DELAY_SECONDS
+        + 60
+    )
+    return timedelta(minutes=math.ceil(seconds / 60))
+
+
+def _resume_point(now: datetime) -> datetime:
+    """The recount window before now, or before the last counted minute if that is older."""
+    last: datetime | None = DeliveryStats.objects.filter(span=MINUTE).aggregate(
+        last=Max("period_start")
+    )["last"]
+    start = _floor(now, MINUTE) - recount_window()
+    if last is None:
+        return _oldest_recountable(now)  # first run: as far back as minute rows are kept
+    return min(start, last - recount_window())
+
+
+def _oldest_recountable(now: datetime) -> datetime:
+    """Hours are added up from their minutes, so recounts start at the first whole hour whose
+    minute rows are all still kept."""
+    return _floor(now - KEPT[MINUTE], HOUR) + timedelta(hours=1)
+
+
+def _first_attempt_minute(start: datetime) -> datetime | None:
+    """The minute of the first attempt started at or after `start` (one index probe)."""
+    first = (
+        DeliveryAttempt.objects.filter(started_at__gte=start)
+        .order_by("started_at")
+        .values_list("started_at", flat=True)
+        .first()
+    )
+    return None if first is None else _floor(first, MINUTE)
+
+
+def _recount(start: datetime, end: datetime | None) -> int:
+    """Replace the minute rows of [start, end) by a count of their attempts, and the hour rows
+    of the hours they fall in by the sums of their minutes; one transaction, under the lock."""
+    with transaction.atomic():
+        _lock()
+        minutes = _count_attempts(start, end)
+        _replace(MINUTE, start, end, minutes)
+        hour_start = _floor(start, HOUR)
+        hour_end = None if end is None else _ceil_hour(end)
+        _replace(HOUR, hour_start, hour_end, _add_up_hours(hour_start, hour_end))
+    return sum(tally.attempts for tally in minutes.values())
+
+
+def _lock() -> None:
+    """Serialise refreshes: without it, two recounting the same minutes would both delete and
+    then both insert them. SQLite has one writer at a time anyway."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
+
+
+Key = tuple[int, datetime]  # (consumer ID, period start)
+
+
+def _count_attempts(start: datetime, end: datetime | None) -> dict[Key, Tally]:
+    tallies: dict[Key, Tally] = {}
+    for consumer_id, minute, bucket, n in attempt_counts(start, end):
+        tally = tallies.setdefault((consumer_id, minute), Tally())
+        tally.attempts += n
+        if bucket is None:
+            tally.failed += n
+        else:
+            tally.delivered += n
+            tally.histogram[int(bucket)] += n
+    return tallies
+
+
+def attempt_counts(start: datetime, end: datetime | None) -> QuerySet[DeliveryAttempt, Any]:
+    """(consumer ID, minute, latency bucket or None if failed, attempts): one grouped query over
+    the attempts started in [start, end), found through attempt_started_idx, joined to their
+    jobs and messages by primary key."""
+    attempts = DeliveryAttempt.objects.filter(started_at__gte=start)
+    if end is not None:
+        attempts = attempts.filter(started_at__lt=end)
+    return (
+        attempts.values(
+            consumer=F("job__consumer_id"),
+            minute=TruncMinute("started_at", tzinfo=UTC),
+            bucket=Case(When(_DELIVERED, then=_latency_bucket_sql()), default=None),
+        )
+        .annotate(n=Count("pk"))
+        .values_list("consumer", "minute", "bucket", "n")
+    )
+
+
+_DELIVERED = Q(status_code__gte=200, status_code__lt=300)
+
+
+class MillisecondsBetween(Func):
+    """later - earlier, two datetimes, in milliseconds (a float)."""
+
+    output_field = FloatField()
+    arg_joiner = " - "
+    template = "(CAST(EXTRACT(EPOCH FROM (%(expressions)s)) AS double precision) * 1000)"
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        template = "((julianday(%(expressions)s)) * 86400000.0)"
+        return self.as_sql(compiler, connection, template=template, arg_joiner=") - julianday(")
+
+
+def _latency_bucket_sql() -> Least:
+    """latency_bucket() in SQL, of publish-to-delivery latency: the answer came at started_at
+    plus duration; the message was published at received_at, or, if it was scheduled, became
+    due at scheduled_for (as spark_etl's report counts it)."""
+    published = Coalesce(F("job__message__scheduled_for"), F("job__message__received_at"))
+    latency = MillisecondsBetween(F("started_at"), published) + F("duration_ms")
+    scaled = Ln(Greatest(latency, Value(1.0))) * Value(_BUCKETS_PER_LN) + Value(_EPSILON)
+    return Least(Cast(Floor(scaled), IntegerField()), Value(LAST_BUCKET))
+
+
+def _replace(
+    span: DeliveryStats.Span, start: datetime, end: datetime | None, tallies: dict[Key, Tally]
+) -> None:
+    rows = DeliveryStats.objects.filter(span=span, period_start__gte=start)
+    if end is not None:
+        rows = rows.filter(period_start__lt=end)
+    rows.delete()
+    DeliveryStats.objects.bulk_create(
+        DeliveryStats(
+            consumer_id=consumer_id,
+            span=span,
+            period_start=period_start,
+            attempts=tally.attempts,
+            delivered=tally.delivered,
+            failed=tally.failed,
+            latency_histogram={str(k): n for k, n in sorted(tally.histogram.items())},
+        )
+        for (consumer_id, period_start), tally in tallies.items()
+    )
+
+
+def _add_up_hours(start: datetime, end: datetime | None) -> dict[Key, Tally]:
+    minutes = DeliveryStats.objects.filter(span=MINUTE, period_start__gte=start)
+    if end is not None:
+        minutes = minutes.filter(period_start__lt=end)
+    return add_up(minutes, HOUR)[0]
+
+
+def _delete_expired(now: datetime) -> None:
+    for span, kept in KEPT.items():
+        DeliveryStats.objects.filter(span=span, period_start__lt=now - kept).delete()
+
+
+def _ceil_hour(moment: datetime) -> datetime:
+    floor = _floor(moment, HOUR)
+    return floor if floor == moment else floor + timedelta(hours=1)
+
+
+def _floor(moment: datetime, span: int) -> datetime:
+    """The start of the minute or hour (UTC) that `moment` falls in."""
+    moment = moment.astimezone(UTC)
+    if span == HOUR:
+        return moment.replace(minute=0, second=0, microsecond=0)
+    return moment.replace(second=0, microsecond=0)
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def add_up(rows: Iterable[DeliveryStats], span: int) -> tuple[dict[Key, Tally], dict[int, Tally]]:
+    """Rollup rows added up per (consumer, period of `span`), and per consumer overall."""
+    per_period: dict[Key, Tally] = {}
+    per_consumer: dict[int, Tally] = {}
+    for row in rows:
+        period = _floor(row.period_start, span)
+        per_period.setdefault((row.consumer_id, period), Tally()).add(row)
+        per_consumer.setdefault(row.consumer_id, Tally()).add(row)
+    return per_period, per_consumer
+
+
+@dataclass
+class Recent:
+    """One span's rollup rows since a time: per consumer, and per period over all consumers."""
+
+    since: datetime
+    per_consumer: dict[int, Tally]
+    per_period: dict[datetime, Tally]  # every period from `since`, empty ones included
+    total: Tally
+
+
+def recent(span: DeliveryStats.Span, periods: int, now: datetime | None = None) -> Recent:
+    """The last `periods` minutes or hours, the current one included (one query)."""
+    now = now or timezone.now()
+    since = _floor(now, span) - timedelta(seconds=span * (periods - 1))
+    rows = DeliveryStats.objects.filter(span=span, period_start__gte=since)
+    per_key, per_consumer = add_up(rows, span)
+    per_period = {since + timedelta(seconds=span * i): Tally() for i in range(periods)}
+    total = Tally()
+    for (_, period), tally in per_key.items():
+        per_period.setdefault(period, Tally()).add(tally)
+        total.add(tally)
+    return Recent(since, per_consumer, per_period, total)
+
+
+def last_counted_minute() -> datetime | None:
+    """The newest minute the rollup holds (to tell when the refresh has stopped running)."""
+    rows = DeliveryStats.objects.filter(span=MINUTE)
+    last: datetime | None = rows.aggregate(last=Max("period_start"))["last"]
+    return last
+
+
+def last_attempt_at() -> datetime | None:
+    """When the newest recorded attempt started (one probe of the started_at index)."""
+    last: datetime | None = DeliveryAttempt.objects.aggregate(last=Max("started_at"))["last"]
+    return last
