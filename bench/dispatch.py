@@ -550,7 +550,8 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
     over `keys` keys, each claim rolled back so that every one sees the same queue."""
     from django.utils import timezone
 
-    from jobs.dispatch import _CLAIM_SQL, DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, _lease
+    from jobs.queue.postgres import CLAIM_FOR_PUSH_SQL
+    from jobs.queue.rules import lease_expiry
 
     [consumer] = prepare(bench, 1, 9, None)  # nothing is sent
     bench.db.execute(
@@ -561,15 +562,14 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
     for _ in range(bench.args.claim_samples):
         now = timezone.now()
         parameters = {
-            "default_cap": DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER,
             "now": now,
-            "lease_until": now + _lease(),
+            "lease_until": lease_expiry(now),
             "limit": 100,
             "candidates": 200,
         }
         with bench.db.transaction() as claim:
             started = time.perf_counter()
-            claimed = len(bench.db.execute(_CLAIM_SQL, parameters).fetchall())
+            claimed = len(bench.db.execute(CLAIM_FOR_PUSH_SQL, parameters).fetchall())
             timings.append((time.perf_counter() - started) * 1000)
             raise psycopg.Rollback(claim)  # hand nothing out: every claim sees the same queue
     median = percentile(timings, 0.5)

@@ -39,7 +39,7 @@ DATABASE = "bench_dispatch"
 CHANNEL, PRODUCER = "bench", "bench-producer"
 PAYLOAD = json.dumps({"order": 12345, "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 160})
 CORES = os.cpu_count() or 1
-LISTENER_NAME = "webhook-broker dispatcher listener"  # application_name in jobs/wakeup.py
+LISTENER_NAME = "webhook-broker dispatcher listener"  # application_name in jobs/queue/wakeup.py
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from broker import payloads
+from broker.message_states import MessageStatus, check_message_transition
 from broker.tokens import generate_token, hash_token, token_matches
 
 # Client-chosen IDs appear in URL paths, so they are restricted to URL-safe characters.
@@ -103,16 +104,16 @@ class Channel(TokenProtected):
     pass
 
 
+class MessageQuerySet(models.QuerySet["Message"]):
+    def transition(self, source: MessageStatus, target: MessageStatus, **changes: Any) -> int:
+        """Move the messages of this queryset that are still `source` to `target` (one
+        conditional UPDATE, as for jobs); returns how many this caller moved."""
+        check_message_transition(source, target)
+        return self.filter(status=source).update(status=target, **changes)
+
+
 class Message(models.Model):
-    class Status(models.TextChoices):
-        # Stored, but the channel had no consumer to fan out to.
-        ACKNOWLEDGED = "ACKNOWLEDGED"
-        # Jobs exist for every consumer the channel had at publish time (created in the same
-        # transaction as the message itself).
-        DISPATCHED = "DISPATCHED"
-        # Published for later (SPEC §6.8): no jobs yet. At `scheduled_for` it is released: its
-        # jobs are created and it becomes DISPATCHED (or ACKNOWLEDGED), in one transaction.
-        SCHEDULED = "SCHEDULED"
+    Status = MessageStatus  # broker/message_states.py: the statuses and the allowed changes
 
     # No single-column FK indexes: the unique (channel, public_id) constraint already leads with
     # channel, and a producer is only looked up by its messages when it is deleted (rare; a scan is
@@ -146,6 +147,8 @@ class Message(models.Model):
     # Null, never "", for none: the columns were added to a table of any size without a rewrite.
     traceparent = models.CharField(max_length=55, null=True, blank=True)  # noqa: DJ001
     tracestate = models.CharField(max_length=512, null=True, blank=True)  # noqa: DJ001
+
+    objects = MessageQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -10,21 +10,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
-from django.db import DataError, IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
 from broker import payloads, tracing
 from broker.conf import broker_settings
 from broker.models import Channel, Message, Producer, validate_message_id
 from broker.xids import new_xid
-from consumers.models import Consumer
-from jobs.models import Job
-from jobs.states import QUEUED
+from jobs import queue
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HEADERS = 50
@@ -113,7 +110,7 @@ def publish(
 
     With `scheduled_for` (an aware datetime) the message is stored SCHEDULED, with no jobs; it is
     released (its jobs created for the consumers the channel has then) by
-    `broker.scheduling.release_due_messages` within about a second of that time, and can be
+    `jobs.queue.release_due_messages` within about a second of that time, and can be
     cancelled until then (SPEC §6.8, docs/scheduled.md). BROKER_MIN_SCHEDULE_DELAY_SECONDS applies
     to the HTTP header only: a time in the past here means "at the next release".
 
@@ -167,14 +164,11 @@ def publish(
 
 
 def _insert(message: Message) -> None:
-    if message.scheduled_for is not None:
-        insert = _insert_scheduled
-    elif connection.vendor == "postgresql":
-        insert = _insert_postgres
-    else:
-        insert = _insert_portable
     try:
-        insert(message)
+        if message.scheduled_for is not None:
+            _insert_scheduled(message)
+            return
+        inserted = queue.insert_message(message)
     except IntegrityError:
         if Message.objects.filter(
             channel_id=message.channel_id, public_id=message.public_id
@@ -184,113 +178,10 @@ def _insert(message: Message) -> None:
                 f"{message.public_id!r}."
             ) from None
         raise
-
-
-# The message and one job per consumer of the channel, in one statement: atomic by itself, one
-# round trip (a broadcast went from 8 round trips to 3 with it), and the consumers are read in
-# the same snapshot as the insert. The channel and producer are checked in it too.
-# Table names come from model metadata; every value is a parameter.
-_PUBLISH_SQL = f"""
-WITH channel AS (
-    SELECT id FROM {Channel._meta.db_table} WHERE id = %(channel)s
-), producer AS (
-    SELECT id FROM {Producer._meta.db_table} WHERE id = %(producer)s
-), consumers AS (
-    SELECT consumer.id FROM {Consumer._meta.db_table} consumer
-    JOIN channel ON consumer.channel_id = channel.id
-), message AS (
-    INSERT INTO {Message._meta.db_table} (channel_id, producer_id, public_id, payload,
-        payload_file, payload_size, content_type, priority, headers, ordering_key, status,
-        received_at, dispatched_at, traceparent, tracestate)
-    SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(payload_file)s,
-        %(payload_size)s, %(content_type)s, %(priority)s, %(headers)s::jsonb, %(ordering_key)s,
-        CASE WHEN EXISTS (SELECT FROM consumers) THEN %(dispatched)s ELSE %(acknowledged)s END,
-        %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END,
-        %(traceparent)s, %(tracestate)s
-    FROM channel, producer
-    RETURNING id, status, dispatched_at
-), jobs AS (
-    INSERT INTO {Job._meta.db_table} (message_id, consumer_id, status, priority, ordering_key,
-        attempts, next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at,
-        enqueued_at)
-    SELECT message.id, consumers.id, %(queued)s, %(priority)s, %(ordering_key)s, 0, %(now)s, 0, '',
-        %(now)s, %(now)s, %(now)s
-    FROM message, consumers
-)
-SELECT message.id, message.status, message.dispatched_at,
-    EXISTS (SELECT FROM channel), EXISTS (SELECT FROM producer),
-    -- Wakes idle dispatchers (delivered by PostgreSQL at commit, once per transaction).
-    (SELECT pg_notify('broker_jobs', '') FROM message WHERE EXISTS (SELECT FROM consumers))
-FROM (SELECT) AS one_row LEFT JOIN message ON true
-"""  # noqa: S608
-
-
-def _insert_postgres(message: Message) -> None:
-    parameters: dict[str, Any] = {
-        "channel": message.channel_id,
-        "producer": message.producer_id,
-        "public_id": message.public_id,
-        "payload": message.payload,
-        "payload_file": message.payload_file,
-        "payload_size": message.payload_size,
-        "content_type": message.content_type,
-        "priority": message.priority,
-        "headers": json.dumps(message.headers),
-        "ordering_key": message.ordering_key,
-        "now": message.received_at,
-        "dispatched": Message.Status.DISPATCHED.value,
-        "acknowledged": Message.Status.ACKNOWLEDGED.value,
-        "queued": QUEUED.value,
-        "traceparent": message.traceparent,
-        "tracestate": message.tracestate,
-    }
-    # Alone, the statement commits by itself; inside a caller's transaction it needs a savepoint
-    # so that a refused message (duplicate ID) leaves the caller's transaction usable.
-    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with savepoint, connection.cursor() as cursor:
-        cursor.execute(_PUBLISH_SQL, parameters)
-        pk, status, dispatched_at, channel_exists, producer_exists, _ = cursor.fetchone()
-    if not channel_exists:
+    if not inserted.channel_found:
         raise UnknownChannel(f"No channel with ID {message.channel_id[:300]!r}.")
-    if not producer_exists:
+    if not inserted.producer_found:
         raise UnknownProducer(f"No producer with ID {message.producer_id[:300]!r}.")
-    message.pk, message.status, message.dispatched_at = pk, status, dispatched_at
-    message._state.adding = False
-
-
-def _insert_portable(message: Message) -> None:
-    """The same with the ORM, for SQLite: look-ups first, then two inserts in a transaction."""
-    message.channel = _resolve(Channel, message.channel_id, UnknownChannel)
-    message.producer = _resolve(Producer, message.producer_id, UnknownProducer)
-    # The message insert is the block's first write: a duplicate ID fails before anything else
-    # happened, and rolling the block back leaves a caller's own work intact.
-    consumer_ids = list(
-        Consumer.objects.filter(channel_id=message.channel_id).values_list("pk", flat=True)
-    )
-    now = message.received_at
-    message.status = Message.Status.DISPATCHED if consumer_ids else Message.Status.ACKNOWLEDGED
-    message.dispatched_at = now if consumer_ids else None
-    with transaction.atomic():
-        message.save(force_insert=True)
-        create_jobs(message, consumer_ids, now)
-
-
-def create_jobs(message: Message, consumer_ids: list[int], now: datetime) -> None:
-    """One QUEUED job per consumer, due at `now`, with the message's priority and ordering key:
-    the ORM form of a fan-out (SQLite publishes, and releases of scheduled messages)."""
-    Job.objects.bulk_create(
-        Job(
-            message_id=message.pk,
-            consumer_id=consumer_id,
-            priority=message.priority,
-            ordering_key=message.ordering_key,
-            next_attempt_at=now,
-            created_at=now,
-            status_changed_at=now,
-            enqueued_at=now,
-        )
-        for consumer_id in consumer_ids
-    )
 
 
 def _insert_scheduled(message: Message) -> None:

@@ -71,11 +71,13 @@ def take_broadcast(producer_id: str, now: float | None = None) -> None:
 
 def _take(producer_id: str, limit: Limit, now: float) -> bool:
     """One atomic step of the bucket; whether the broadcast is allowed."""
-    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"  # SQLite's scalar max
+    # The later of the stored time and now, written as CASE: every database has that (the
+    # function is GREATEST on PostgreSQL, MAX on SQLite).
+    later = f"CASE WHEN {TABLE}.tat > %(now)s THEN {TABLE}.tat ELSE %(now)s END"
     sql = (
         f"INSERT INTO {TABLE} (producer_id, tat) VALUES (%(producer)s, %(first)s)"  # noqa: S608
         f" ON CONFLICT (producer_id) DO UPDATE"
-        f" SET tat = {greatest}({TABLE}.tat, %(now)s) + %(interval)s"
+        f" SET tat = {later} + %(interval)s"
         f" WHERE {TABLE}.tat - %(now)s <= %(tolerance)s"
         f" RETURNING tat"
     )

@@ -2,9 +2,9 @@
 
 For each consumer it is asked for, the message's job is:
 - DELIVERED: moved back to QUEUED by the state machine's replay transition (one conditional
-  UPDATE, `JobQuerySet.replay_delivered`): due now, attempts reset, its attempt history kept;
-- missing because the consumer joined the channel after the publish: created by the publish
-  path's own fan-out, `broker.publishing.create_jobs`; missing although the consumer is older
+  UPDATE, `jobs.queue.replay_delivered`): due now, attempts reset, its attempt history kept;
+- missing because the consumer joined the channel after the publish: created by the queue's
+  fan-out, `jobs.queue.add_jobs`; missing although the consumer is older
   than the message (its job was deleted: a dead job purged or deleted by an operator): skipped,
   since bringing back what an operator threw away is not what "replay" asks for;
 - QUEUED or INFLIGHT: left alone, it is on its way already; DEAD: left alone, that is what a
@@ -25,16 +25,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from broker import payloads
+from broker.message_states import ACKNOWLEDGED, DISPATCHED
 from broker.models import Message
-from broker.publishing import create_jobs
 from consumers.models import Consumer
+from jobs import queue
 from jobs.models import Job
+from jobs.queue.rules import key_busy
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from jobs.wakeup import CHANNEL as WAKEUP_CHANNEL
 
 SKIP_REASONS: dict[str, str] = {
     QUEUED: "already queued: it will be delivered",
@@ -102,7 +103,7 @@ def replay(message: Message, consumer: Consumer | None = None) -> ReplayResult:
         result = _replay_to(locked, targets)
         if result.queued:
             _mark_dispatched(locked)
-            _wake_dispatchers()
+            queue.wake_dispatchers()
     return result
 
 
@@ -141,39 +142,21 @@ def _replay_to(message: Message, consumers: list[Consumer]) -> ReplayResult:
             result.skipped.append(Skipped(consumer.public_id, "", JOB_DELETED))
         elif job.status != DELIVERED:
             result.skipped.append(Skipped(consumer.public_id, job.status, SKIP_REASONS[job.status]))
-        elif _key_busy(consumer, job):
+        elif key_busy(consumer, job.ordering_key):
             result.skipped.append(Skipped(consumer.public_id, job.status, KEY_BUSY))
         else:
             to_replay.append(job.pk)
             result.replayed.append(consumer.public_id)
     # A DELIVERED job changes only by a replay, and replays of this message wait for our lock:
     # the conditional UPDATE moves exactly the jobs read as DELIVERED above.
-    Job.objects.filter(pk__in=to_replay).replay_delivered()
-    create_jobs(message, to_create, timezone.now())
+    queue.replay_delivered(to_replay)
+    queue.add_jobs(message, to_create, timezone.now())
     return result
-
-
-def _key_busy(consumer: Consumer, job: Job) -> bool:
-    """Whether an ordered consumer has another job of this job's key pending (QUEUED or
-    INFLIGHT): one probe of job_consumer_key_pending_idx."""
-    if consumer.ordering != Consumer.Ordering.ORDERED:
-        return False
-    pending = Job.objects.filter(
-        consumer_id=consumer.pk, ordering_key=job.ordering_key, status__in=[QUEUED, INFLIGHT]
-    )
-    return pending.exists()
 
 
 def _mark_dispatched(message: Message) -> None:
     """A message published while its channel had no consumer (ACKNOWLEDGED) has jobs now."""
-    if message.status == Message.Status.ACKNOWLEDGED:
-        Message.objects.filter(pk=message.pk, status=Message.Status.ACKNOWLEDGED).update(
-            status=Message.Status.DISPATCHED, dispatched_at=timezone.now()
+    if message.status == ACKNOWLEDGED:
+        Message.objects.filter(pk=message.pk).transition(
+            ACKNOWLEDGED, DISPATCHED, dispatched_at=timezone.now()
         )
-
-
-def _wake_dispatchers() -> None:
-    """One NOTIFY, delivered at commit, as a publish sends (jobs/wakeup.py); SQLite polls."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [WAKEUP_CHANNEL])

@@ -32,9 +32,9 @@ from consumers.api import (
     SigningSecretView,
 )
 from jobs.api.dlq import DeadLetterQueueView
+from jobs.api.metrics import MetricsView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
 from jobs.api.summaries import DlqStatusView, JobStatusView
-from jobs.metrics import MetricsView
 
 
 class KeyConverter:

@@ -48,7 +48,7 @@ class Consumer(ChangeTracked):
     retry_delays = models.JSONField(null=True, blank=True)
     non_retryable_statuses = models.JSONField(default=list, blank=True)
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
-    # Seconds a push job may stay undelivered before it expires (jobs/expiry.py); null means
+    # Seconds a push job may stay undelivered before it expires (jobs/queue/expiry.py); null means
     # BROKER_MAX_JOB_AGE_SECONDS, 0 no limit.
     max_job_age = models.PositiveIntegerField(null=True, blank=True)
     # Standard Webhooks signing secret ("whsec_" + base64). After a rotation the previous one

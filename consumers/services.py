@@ -18,13 +18,13 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from broker.api.serializers import parse_int
-from broker.api.stakeholders import apply_stakeholder_form
 from broker.models import Channel
+from broker.parsing import parse_int
+from broker.stakeholders import apply_stakeholder_form
 from consumers.callback_url import validate_callback_url
 from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
-from jobs.expiry import restart_age
+from jobs.queue import restart_age
 from jobs.signing import InvalidSecret, decode_secret
 
 T = TypeVar("T")
@@ -103,7 +103,7 @@ def parse_max_in_flight(value: str) -> int | None:
 
 
 def parse_max_job_age(value: str) -> int | None:
-    """Seconds a push job may wait undelivered before it expires (jobs/expiry.py); None
+    """Seconds a push job may wait undelivered before it expires (jobs/queue/expiry.py); None
     (blank)
     means BROKER_MAX_JOB_AGE_SECONDS, 0 no limit."""
     if not value.strip():

@@ -11,17 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from django.db.models import Count
-from django.http import HttpResponse
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from rest_framework.request import Request
-from rest_framework.views import APIView
 
-from broker.api.auth import IsAdminUnlessPublicMetrics
 from consumers.models import Consumer
 from jobs.models import DispatcherHeartbeat, Job
 from jobs.states import DEAD, INFLIGHT, QUEUED
@@ -144,22 +138,3 @@ def queue_registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(QueueCollector())
     return registry
-
-
-class MetricsView(APIView):
-    """Prometheus text format; admin unless BROKER_PUBLIC_METRICS (Prometheus can send a bearer)."""
-
-    permission_classes = [IsAdminUnlessPublicMetrics]
-
-    @extend_schema(
-        responses={
-            (200, "text/plain"): OpenApiResponse(
-                OpenApiTypes.STR, description="Prometheus text exposition format"
-            )
-        }
-    )
-    def get(self, request: Request) -> HttpResponse:
-        return HttpResponse(
-            generate_latest(queue_registry()),
-            content_type="text/plain; version=0.0.4; charset=utf-8",
-        )

@@ -6,11 +6,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import models
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from broker.conf import broker_settings
 from broker.models import Message
 from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
@@ -24,16 +23,6 @@ from jobs.states import (
     TransitionConflict,
     check_transition,
 )
-
-
-def lease_expiry(now: datetime, incremental_timeout: int = 0) -> datetime:
-    """When an INFLIGHT job handed out at `now` returns to the queue (SPEC §10)."""
-    seconds = (
-        broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
-        + broker_settings.BROKER_RATIONAL_DELAY_SECONDS
-        + incremental_timeout
-    )
-    return now + timedelta(seconds=seconds)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -67,17 +56,6 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(
             pk=key, created_at__gte=created, created_at__lt=created + timedelta(seconds=1)
         )
-
-    def heads_of_their_keys(self) -> JobQuerySet:
-        """Only jobs with no earlier pending (QUEUED or INFLIGHT) job of the same consumer and
-        ordering key: what an ordered consumer may be handed (SPEC §6.3)."""
-        earlier_pending = Job.objects.filter(
-            consumer_id=OuterRef("consumer_id"),
-            ordering_key=OuterRef("ordering_key"),
-            pk__lt=OuterRef("pk"),
-            status__in=[QUEUED, INFLIGHT],
-        )
-        return self.exclude(Exists(earlier_pending))
 
 
 def _requeue_changes() -> dict[str, Any]:
@@ -116,7 +94,7 @@ class Job(models.Model):
     status_changed_at = models.DateTimeField(default=timezone.now)
     # When the job last joined the queue as new work: created (its message published or
     # released), requeued from the DLQ or replayed. Its age limit counts from here
-    # (jobs/expiry.py).
+    # (jobs/queue/expiry.py).
     # The database default serves the fan-out statements and bulk loads written in SQL.
     enqueued_at = models.DateTimeField(default=timezone.now, db_default=Now())
 
@@ -173,7 +151,7 @@ class Job(models.Model):
             models.Index(
                 fields=["lease_expires_at"], condition=Q(status=INFLIGHT), name="job_lease_idx"
             ),
-            # Expiry (jobs/expiry.py): one consumer's QUEUED jobs WHERE enqueued_at < its
+            # Expiry (jobs/queue/expiry.py): one consumer's QUEUED jobs WHERE enqueued_at < its
             # limit.
             models.Index(
                 fields=["consumer", "enqueued_at"],
@@ -190,32 +168,21 @@ class Job(models.Model):
         """Its ID on every public surface: an xid of its creation second and key (broker/xids)."""
         return job_public_id(self.pk, self.created_at)
 
-    def start(self, incremental_timeout: int = 0) -> None:
-        """QUEUED or DEAD -> INFLIGHT under a lease; uses up one attempt."""
-        now = timezone.now()
-        self._move(
-            JobStatus(self.status),  # the table allows QUEUED and DEAD; anything else is refused
-            INFLIGHT,
-            attempts=F("attempts") + 1,
-            lease_expires_at=lease_expiry(now, incremental_timeout),
-            incremental_timeout=incremental_timeout,
-        )
-
     def mark_delivered(self) -> None:
-        self._move(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
+        self.move(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
 
     def retry_later(self, due_at: datetime, error: str) -> None:
-        self._move(
-            INFLIGHT, QUEUED, next_attempt_at=due_at, lease_expires_at=None, last_error=error
-        )
+        self.move(INFLIGHT, QUEUED, next_attempt_at=due_at, lease_expires_at=None, last_error=error)
 
     def mark_dead(self, reason: str) -> None:
-        self._move(INFLIGHT, DEAD, lease_expires_at=None, last_error=reason)
+        self.move(INFLIGHT, DEAD, lease_expires_at=None, last_error=reason)
 
     def requeue(self) -> None:
-        self._move(DEAD, QUEUED, **_requeue_changes())
+        self.move(DEAD, QUEUED, **_requeue_changes())
 
-    def _move(self, source: JobStatus, target: JobStatus, **changes: Any) -> None:
+    def move(self, source: JobStatus, target: JobStatus, **changes: Any) -> None:
+        """Move this job from `source` to `target` if it is still `source`; TransitionConflict if
+        another actor moved it first. The instance is refreshed."""
         check_transition(source, target)
         if self.status != source:
             raise ForbiddenTransition(self.status, target)

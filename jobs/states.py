@@ -20,7 +20,7 @@ ALLOWED_TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
         (INFLIGHT, DELIVERED),  # 2xx, or a pull consumer reports success
         (INFLIGHT, QUEUED),  # retryable failure with attempts left, or the lease expired
         (INFLIGHT, DEAD),  # attempts exhausted, non-retryable outcome, pull consumer gave up
-        (QUEUED, DEAD),  # expired: undelivered past its age limit (jobs/expiry.py)
+        (QUEUED, DEAD),  # expired: undelivered past its age limit (jobs/queue/expiry.py)
         (DEAD, QUEUED),  # requeue from the dead-letter queue
         (DEAD, INFLIGHT),  # a pull consumer retries a dead job
         (DELIVERED, QUEUED),  # replay: deliver an already delivered message again

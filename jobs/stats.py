@@ -40,8 +40,8 @@ from django.db.models.expressions import Func
 from django.db.models.functions import Cast, Coalesce, Floor, Greatest, Least, Ln, TruncMinute
 from django.utils import timezone
 
-from broker.conf import broker_settings
 from jobs.models import DeliveryAttempt, DeliveryStats
+from jobs.queue.rules import lease_length
 
 MINUTE = DeliveryStats.Span.MINUTE
 HOUR = DeliveryStats.Span.HOUR
@@ -135,11 +135,7 @@ def recount_window() -> timedelta:
     """How far back every refresh recounts: attempts are recorded when their answer comes, at
     most a delivery timeout (plus the lease's grace) after they started; a minute more for the
     batch that records them. Whole minutes."""
-    seconds = (
-        broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
-        + broker_settings.BROKER_RATIONAL_DELAY_SECONDS
-        + 60
-    )
+    seconds = (lease_length() + timedelta(minutes=1)).total_seconds()
     return timedelta(minutes=math.ceil(seconds / 60))
 
 

@@ -1,7 +1,7 @@
 """The operator UI's "send test event": one signed delivery of a small JSON payload to a push
 consumer's callback URL, made synchronously while the operator waits.
 
-It goes the way every webhook goes: the dispatcher builds the request (broker headers, consumer
+It goes the way every webhook goes: jobs/outgoing.py builds the request (broker headers, consumer
 token, Standard Webhooks signatures with every active secret, jobs/signing.py) and `deliver`
 sends it (jobs/delivery.py: the address guard, BROKER_DELIVERY_TIMEOUT_SECONDS capped at 10
 s,
@@ -29,7 +29,8 @@ from broker.conf import broker_settings
 from consumers.models import Consumer
 from consumers.safety import SafeResolver
 from jobs.delivery import AttemptResult, DeliveryRequest, deliver
-from jobs.dispatch import ClaimedJob, delivery_request
+from jobs.outgoing import build_request
+from jobs.queue import OutgoingMessage
 
 logger = logging.getLogger(__name__)
 
@@ -61,21 +62,8 @@ def build_test_request(consumer: Consumer, now: datetime) -> DeliveryRequest:
     """The request a delivery of a test payload would make, built by the dispatcher itself."""
     event_id = f"test-{uuid.uuid4().hex}"
     payload = event_payload(consumer, event_id, now)
-    as_claimed = ClaimedJob(
-        job_id=0,  # no job: nothing is recorded
-        attempt=1,
-        priority=0,
-        due_at=now,
-        consumer_id=consumer.pk,
-        consumer_changed_at=consumer.changed_at,
-        message_id=event_id,
-        payload=payload,
-        payload_file="",
-        content_type=CONTENT_TYPE,
-        message_priority=0,
-        headers={},
-    )
-    request = delivery_request(as_claimed, consumer, now)
+    message = OutgoingMessage(event_id, payload, "", CONTENT_TYPE, 0, {})
+    request = build_request(message, consumer, now)  # of no job: nothing is recorded
     return dataclasses.replace(request, headers={**request.headers, TEST_EVENT_HEADER: "true"})
 
 

@@ -20,6 +20,7 @@ from broker import publish
 from consumers.models import Consumer
 from consumers.services import set_paused
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.conftest import ADMIN_TOKEN
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
@@ -298,7 +299,7 @@ def test_paused_pull_consumer_claims_nothing_until_resumed(admin_client, worker)
 def test_paused_pull_consumer_cannot_take_a_job(admin_client, worker, status):
     job = publish_for(worker, "m1")
     if status == DEAD:
-        job.start()
+        take_for_pull(job)
         job.mark_dead("gave up")
     before = Job.objects.filter(pk=job.pk).values().get()
     control(admin_client, "pause", "worker")

@@ -14,6 +14,7 @@ import time_machine
 from broker import publish
 from consumers.models import Consumer
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
 
@@ -57,7 +58,7 @@ def jobs_of(
             message = publish(consumer.channel_id, {"order": 1}, producer="shop")
             job = Job.objects.get(message=message, consumer=consumer)
             if status != QUEUED:
-                job.start()
+                take_for_pull(job)
             if status == DELIVERED:
                 job.mark_delivered()
             if status == DEAD:

@@ -35,6 +35,7 @@ from broker.publishing import publish
 from broker.wsgi import application
 from consumers.models import Consumer
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from tests.conftest import ADMIN_TOKEN
 from tests.db_snapshot import fingerprint
 
@@ -226,10 +227,10 @@ def broker_data(settings: Any) -> None:
         int(pk) for pk in KNOWN_PATH_VALUES["job_id"]
     ]
     for consumer_id in ["billing", "puller"]:
-        _job(consumer_id, "m-2").start()
+        take_for_pull(_job(consumer_id, "m-2"))
         _job(consumer_id, "m-2").mark_dead("failed in the fuzz fixture")
-    _job("puller", "m-3").start()
-    _job("puller", "m-4").start()
+    take_for_pull(_job("puller", "m-3"))
+    take_for_pull(_job("puller", "m-4"))
     _job("puller", "m-4").mark_delivered()
 
 

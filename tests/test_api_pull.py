@@ -18,8 +18,9 @@ from django.test import Client
 from broker import publish
 from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
-from jobs.leases import LEASE_EXPIRED, sweep_expired_leases
 from jobs.models import Job
+from jobs.queue import take_for_pull
+from jobs.queue.leases import LEASE_EXPIRED, sweep_expired_leases
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
 
@@ -66,7 +67,7 @@ def job_for(consumer: Consumer, status: JobStatus = QUEUED, **publish_args) -> J
     message = publish("orders", {"order": 1}, producer="shop", **publish_args)
     job = Job.objects.get(message=message, consumer=consumer)
     if status != QUEUED:
-        job.start()
+        take_for_pull(job)
     if status == DELIVERED:
         job.mark_delivered()
     if status == DEAD:

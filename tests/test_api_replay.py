@@ -21,9 +21,9 @@ from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
+from jobs.queue.rules import WAKEUP_CHANNEL
+from jobs.queue.wakeup import _connection_kwargs
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from jobs.wakeup import CHANNEL as WAKEUP_CHANNEL
-from jobs.wakeup import _connection_kwargs
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.test_dispatch import push_consumer, run_once, send

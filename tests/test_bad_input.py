@@ -25,6 +25,7 @@ from broker.api.pagination import CURSOR_SALT
 from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.db_snapshot import snapshot
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
@@ -71,7 +72,7 @@ def broker_rows(settings):
     for number in range(30):
         publish(channel, b'{"n": 1}', producer="shop", message_id=f"m-{number}")
     for job in Job.objects.filter(message__public_id="m-0"):
-        job.start()
+        take_for_pull(job)
         job.mark_dead("for the test")
 
 

@@ -311,7 +311,9 @@ def test_an_outcome_for_a_job_swept_meanwhile_changes_nothing(channel, receiver,
     publish(channel, b"x", producer="shop")
     results = send(dispatcher.claim(10))
     with time_machine.travel(timezone.now() + timedelta(minutes=5)):
-        assert dispatcher.sweep() == 1  # the lease ran out before the outcome was recorded
+        assert (
+            dispatcher.maintenance.sweep() == 1
+        )  # the lease ran out before the outcome was recorded
 
     dispatcher.complete(results)
 
@@ -332,7 +334,7 @@ def test_a_late_outcome_leaves_a_job_taken_again_to_its_new_holder(
     late = send(dispatcher.claim(10))
     later = timezone.now() + timedelta(minutes=5)
     with time_machine.travel(later, tick=False):
-        dispatcher.sweep()
+        dispatcher.maintenance.sweep()
         [again] = Dispatcher(DispatcherConfig(dispatcher_id="other")).claim(10)
 
     dispatcher.complete(late)
@@ -348,7 +350,7 @@ def test_heartbeat_row_is_kept_and_removed(dispatcher):
 
     beat = DispatcherHeartbeat.objects.get()
     assert (beat.dispatcher_id, beat.in_flight, beat.delivered) == ("test-dispatcher", 7, 3)
-    dispatcher.retire()
+    dispatcher.maintenance.retire()
     assert not DispatcherHeartbeat.objects.exists()
 
 
@@ -493,10 +495,10 @@ def test_the_dispatcher_releases_due_scheduled_messages_and_periodic_ticks(
         next_run_at=due,
     )
 
-    assert dispatcher.release_due() == 0
+    assert dispatcher.maintenance.release_due() == 0
     with time_machine.travel(due + timedelta(seconds=0.5), tick=False):
-        assert dispatcher.release_due() == 2
-        assert dispatcher.release_due() == 0  # each exactly once
+        assert dispatcher.maintenance.release_due() == 2
+        assert dispatcher.maintenance.release_due() == 0  # each exactly once
         run_once(dispatcher)
 
     assert sorted(request.body for request in receiver.received) == [b"later", b"tick"]

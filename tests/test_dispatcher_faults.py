@@ -19,6 +19,7 @@ from django.db import connection
 
 from broker import publish
 from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.maintenance import Maintenance
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED, INFLIGHT
 from tests.helpers import make_channel, make_consumer, make_producer
@@ -66,10 +67,10 @@ def test_a_step_that_fails_every_time_is_logged_and_the_loop_delivers_on(
     """A bug in one step of the loop (here the release of scheduled messages) is logged with its
     traceback on every turn, and every other step, claims and deliveries included, goes on."""
 
-    def release_due(self: Dispatcher) -> int:
+    def release_due(self: Maintenance) -> int:
         raise RuntimeError("a bug in the release step")
 
-    monkeypatch.setattr(Dispatcher, "release_due", release_due)
+    monkeypatch.setattr(Maintenance, "release_due", release_due)
     for number in range(10):
         publish(channel, b"x", producer="shop", message_id=f"m{number}")
     dispatcher = Dispatcher(DispatcherConfig(poll_seconds=0.05))

@@ -1,4 +1,4 @@
-"""The age limit of push jobs (issue 14 §5, jobs/expiry.py): a job held back for ever (by an
+"""The age limit of push jobs (issue 14 §5, jobs/queue/expiry.py): a job held back for ever (by an
 open
 circuit above all) goes DEAD with reason "expired", and the DLQ tools bring it back as usual."""
 
@@ -16,8 +16,8 @@ from broker.models import Message
 from consumers.models import Consumer
 from consumers.services import pause_consumer
 from jobs.dispatch import Dispatcher
-from jobs.expiry import expire_old_jobs, waiting_since_before
 from jobs.models import Job
+from jobs.queue.expiry import expire_old_jobs, waiting_since_before
 from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
@@ -123,7 +123,7 @@ def test_the_dispatchers_sweep_expires_and_the_dlq_requeues_to_delivery(
     publish_at(channel)
     dispatcher = Dispatcher()
     with time_machine.travel(PUBLISHED + timedelta(hours=2), tick=False):
-        dispatcher.sweep()
+        dispatcher.maintenance.sweep()
     assert Job.objects.get().status == DEAD
 
     receiver.replies["/hook"] = Reply(200)

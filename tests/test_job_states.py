@@ -12,6 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from jobs.states import (
     ALLOWED_TRANSITIONS,
     DEAD,
@@ -34,7 +35,7 @@ EXPECTED_TABLE = {
     (DEAD, QUEUED),
     (DEAD, INFLIGHT),
     (DELIVERED, QUEUED),  # replay (broker/replay.py)
-    (QUEUED, DEAD),  # expired (jobs/expiry.py)
+    (QUEUED, DEAD),  # expired (jobs/queue/expiry.py)
 }
 ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
 FORBIDDEN = [pair for pair in ALL_PAIRS if pair not in EXPECTED_TABLE]
@@ -83,7 +84,7 @@ def test_start_leases_the_job_and_uses_an_attempt(settings):
     job = make_job(QUEUED)
 
     with time_machine.travel("2026-01-01T00:00:00Z", tick=False):
-        job.start(incremental_timeout=10)
+        take_for_pull(job, incremental_timeout=10)
 
     assert job.status == INFLIGHT
     assert job.attempts == 1
@@ -94,7 +95,7 @@ def test_start_leases_the_job_and_uses_an_attempt(settings):
 def test_a_dead_job_can_be_started_again_and_counts_an_attempt():
     job = make_job(DEAD, attempts=3)
 
-    job.start()
+    take_for_pull(job)
 
     assert (job.status, job.attempts) == (INFLIGHT, 4)
 
@@ -104,7 +105,7 @@ def test_start_refuses_jobs_that_are_not_queued_or_dead(status):
     job = make_job(status)
 
     with pytest.raises(ForbiddenTransition):
-        job.start()
+        take_for_pull(job)
 
     job.refresh_from_db()
     assert (job.status, job.attempts) == (status, 0)

@@ -161,7 +161,7 @@ def test_two_dispatchers_never_deliver_a_key_out_of_order(receiver):
 
 
 def test_an_ordered_pull_consumer_claims_only_heads(channel):
-    from jobs.leases import claim_for_pull
+    from jobs.queue import claim_for_pull
 
     consumer = make_consumer(channel, "puller", type=Consumer.Type.PULL)
     consumer.ordering = Consumer.Ordering.ORDERED

@@ -17,6 +17,7 @@ from django.utils.http import http_date
 from broker.models import Message, PeriodicMessage
 from broker.periodic import next_tick, run_due_ticks, tick_message_id
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_producer
 
@@ -264,7 +265,7 @@ def test_skip_while_pending_skips_until_the_previous_message_is_delivered(orders
     assert run_due_ticks(now=start) == 1
     job = Job.objects.get()
     assert run_due_ticks(now=start + timedelta(minutes=1)) == 0  # queued
-    job.start()
+    take_for_pull(job)
     assert run_due_ticks(now=start + timedelta(minutes=2)) == 0  # in flight
     periodic.refresh_from_db()
     assert periodic.skipped_ticks == 2
@@ -281,7 +282,7 @@ def test_skip_while_pending_does_not_wait_for_dead_jobs(orders):
     save_schedule(skip_while_pending=True)
     run_due_ticks(now=START)
     job = Job.objects.get()
-    job.start()
+    take_for_pull(job)
     job.mark_dead("gave up")
 
     assert run_due_ticks(now=START + timedelta(minutes=1)) == 1

@@ -13,8 +13,8 @@ from django.utils import timezone
 from broker import payloads, publish
 from broker.models import Message
 from broker.publishing import DuplicateMessage, InvalidMessage
-from broker.scheduling import release_due_messages
 from jobs.models import Job
+from jobs.queue import release_due_messages
 from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
 
 pytestmark = pytest.mark.django_db

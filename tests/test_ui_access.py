@@ -21,6 +21,7 @@ from broker.models import Message, PeriodicMessage
 from broker.periodic_edits import PeriodicMessagePostForm, create_periodic
 from consumers.models import Consumer
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from jobs.states import DEAD, QUEUED
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 
@@ -69,11 +70,11 @@ def rows(clock) -> dict[str, int | str]:
     make_consumer(channel, "billing")
     message = publish(channel, b"{}", producer="shop", message_id="m-1")
     job = Job.objects.get(message=message)
-    job.start()
+    take_for_pull(job)
     job.mark_dead("for the test")
     delivered = publish(channel, b"{}", producer="shop", message_id="m-2")
     delivered_job = Job.objects.get(message=delivered)
-    delivered_job.start()
+    take_for_pull(delivered_job)
     delivered_job.mark_delivered()
     publish(channel, b"{}", producer="shop", message_id="later", scheduled_for=NOW + timedelta(1))
     periodic = PeriodicMessagePostForm(

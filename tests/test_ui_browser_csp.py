@@ -17,6 +17,7 @@ from django.utils import timezone
 from broker import publish
 from broker.periodic_edits import PeriodicMessagePostForm, create_periodic
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from tests.browser import browser_test, log_in
 from tests.helpers import make_channel, make_consumer, make_producer
 
@@ -37,7 +38,7 @@ def rows() -> dict[str, str]:
     make_consumer(channel, "billing")
     dead = publish(channel, b'{"n": 1}', producer="shop", message_id="m-1")
     job = Job.objects.get(message=dead)
-    job.start()
+    take_for_pull(job)
     job.mark_dead("HTTP 503")
     later = timezone.now() + timedelta(days=1)
     publish(channel, b"{}", producer="shop", message_id="later", scheduled_for=later)

@@ -20,9 +20,9 @@ from django.utils.html import escape
 from broker import publish
 from broker.models import Message, PeriodicMessage
 from broker.periodic import run_due_ticks
-from broker.scheduling import release_due_messages
 from broker.ui.schedule_pages import ScheduledFilters, pending_messages
 from jobs.models import Job
+from jobs.queue import release_due_messages
 from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 

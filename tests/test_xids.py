@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from broker import publish
 from broker.xids import decode_xid, encode_xid, key_of_xid, new_xid, public_key_xid
 from jobs.models import Job
+from jobs.queue import take_for_pull
 from jobs.states import DEAD
 from tests.helpers import make_channel, make_consumer, make_producer
 
@@ -86,7 +87,7 @@ def test_a_jobs_id_is_its_creation_second_and_key_and_stays_for_its_life():
     job = Job.objects.get()
     first = job.public_id
 
-    job.start()
+    take_for_pull(job)
     job.mark_dead("gave up")
     job.requeue()
     job.refresh_from_db()

@@ -14,10 +14,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
-from broker.api.serializers import ErrorSerializer, parse_int
+from broker.api.serializers import ErrorSerializer
 from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
 from broker.models import Channel, Producer, is_resource_id
+from broker.parsing import parse_int
 from broker.publishing import check_keepable, publish
 from broker.ratelimit import take_broadcast
 from broker.scheduling import parse_rfc3339, require_min_delay

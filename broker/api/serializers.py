@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import re
 from typing import Any
 
 from rest_framework import serializers, status
@@ -14,14 +13,6 @@ from broker.models import Message, is_resource_id
 from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 
 FORM_MEDIA_TYPE = "application/x-www-form-urlencoded"
-_INTEGER = re.compile(r"\s*[+-]?[0-9]{1,18}\s*\Z")
-
-
-def parse_int(text: str) -> int:
-    """An integer in ASCII digits; int() alone also takes other scripts' digits and "1_000"."""
-    if not _INTEGER.match(text):
-        raise ValueError(f"not an integer: {text[:50]!r}")
-    return int(text)
 
 
 class ErrorSerializer(serializers.Serializer[Any]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
@@ -23,6 +23,7 @@ from broker.api.serializers import (
     validate_path_id,
 )
 from broker.models import Channel, Producer
+from broker.stakeholders import apply_stakeholder_form
 
 
 class ChannelSerializer(StakeholderSerializer):
@@ -79,19 +80,6 @@ class StakeholderDetailView(APIView):
         return with_last_modified(
             Response(self.serializer_class(resource).data), resource.changed_at
         )
-
-
-def apply_stakeholder_form(resource: Any, form: dict[str, str], *, default_name: str) -> None:
-    """Set name and token from a PUT form (the response shows a token that was set).
-
-    Creating without a token generates one; updating without a token keeps the current one, so a
-    rename cannot silently invalidate every client's credentials.
-    """
-    creating = resource._state.adding
-    if "name" in form or creating:
-        resource.name = form.get("name") or default_name
-    if form.get("token") or creating:
-        resource.set_token(form.get("token") or None)
 
 
 class ProducerListView(StakeholderListView):

@@ -23,7 +23,7 @@ from django.utils.safestring import SafeString
 from broker.ui.access import VIEW_JOBS, operator_view
 from broker.ui.charts import Series, stacked_bars
 from consumers.models import Consumer
-from jobs.dispatch import HOUSEKEEPING_SECONDS
+from jobs.maintenance import HOUSEKEEPING_SECONDS
 from jobs.models import DispatcherHeartbeat
 from jobs.queue_depth import COUNT_LIMIT, BoundedCount, QueueDepth, queue_depths
 from jobs.stats import (

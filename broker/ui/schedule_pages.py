@@ -110,7 +110,7 @@ def earliest_schedule_time() -> str:
 def pending_messages(filters: ScheduledFilters) -> QuerySet[Message]:
     """Messages waiting for their release, soonest first. Served by the partial index
     message_scheduled_due_idx (scheduled_for WHERE status = 'SCHEDULED'), read in order."""
-    pending = Message.objects.filter(status=Message.Status.SCHEDULED)
+    pending: QuerySet[Message] = Message.objects.filter(status=Message.Status.SCHEDULED)
     if channel := filters.cleaned_data["channel"]:
         pending = pending.filter(channel_id=channel)
     pending = SCHEDULED_ORDER.after(pending, filters.cleaned_data["cursor"])

@@ -20,14 +20,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
-from broker.api.serializers import ErrorSerializer, parse_int
-from broker.conf import broker_settings
+from broker.api.serializers import ErrorSerializer
+from broker.parsing import parse_int
 from consumers.models import Consumer
 from jobs.api.access import authorized_consumer, consumer_job
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
-from jobs.leases import claim_for_pull, sweep_expired_leases
 from jobs.models import Job, delete_jobs
 from jobs.outcome_log import PullReport
+from jobs.queue import claim_for_pull, sweep_expired_leases, take_for_pull
 from jobs.retry import Verdict
 from jobs.states import (
     DEAD,
@@ -122,11 +122,7 @@ class ClaimView(TokenView):
         form = ClaimForm(data=request.data)
         form.is_valid(raise_exception=True)
         limit = form.validated_data.get("limit", DEFAULT_LIMIT)
-        lease = form.validated_data.get(
-            "timeout",
-            broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS
-            + broker_settings.BROKER_RATIONAL_DELAY_SECONDS,
-        )
+        lease = form.validated_data.get("timeout")  # None: the queue's own lease length
         deadline = time.monotonic() + min(form.validated_data.get("wait", 0), MAX_WAIT_SECONDS)
         sweep_expired_leases()
         jobs = _claim_unless_paused(consumer, limit, lease) if limit else []
@@ -139,7 +135,7 @@ class ClaimView(TokenView):
         return Response(QueuedJobsSerializer({"Result": jobs}).data)
 
 
-def _claim_unless_paused(consumer: Consumer, limit: int, lease: int) -> list[Job]:
+def _claim_unless_paused(consumer: Consumer, limit: int, lease: int | None) -> list[Job]:
     return [] if consumer.paused else claim_for_pull(consumer, limit, lease)
 
 
@@ -219,7 +215,7 @@ def _move(job: Job, target: str, timeout: int) -> None:
     report = PullReport.of(job)  # an outcome (DELIVERED, DEAD) is logged, as a push one is
     try:
         if target == INFLIGHT:
-            job.start(incremental_timeout=timeout)
+            take_for_pull(job, incremental_timeout=timeout)
         elif target == DELIVERED:
             job.mark_delivered()
             report.log(Verdict.DELIVERED)

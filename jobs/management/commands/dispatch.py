@@ -5,12 +5,11 @@ import signal
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
 from prometheus_client import start_http_server
 
 from jobs.dispatch import BrokenDatabase, Dispatcher, DispatcherConfig
 from jobs.health import DEFAULT_STALE_AFTER_SECONDS, HealthServer, start_health_server
-from jobs.wakeup import listen_for_jobs
+from jobs.queue import listen_for_jobs
 
 
 class Command(BaseCommand):
@@ -117,11 +116,8 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(stop_signal, dispatcher.stop)
-        listener = None
-        if connection.vendor == "postgresql":  # SQLite: polling only
-            listener = asyncio.create_task(listen_for_jobs(dispatcher.wake))
+        listener = asyncio.create_task(listen_for_jobs(dispatcher.wake))
         try:
             await dispatcher.run()
         finally:
-            if listener:
-                listener.cancel()
+            listener.cancel()

@@ -7,10 +7,11 @@ When the cooldown is over the circuit is half-open: the claim takes one job, the
 that is not unavailability (a 2xx, or a 4xx of the consumer's own) closes the circuit; an
 unavailable probe opens it again for twice as long (at most an hour) and gets its attempt back,
 so a consumer that is down for days does not push its jobs into the dead-letter queue one probe
-at a time (they expire after their age limit instead: jobs/expiry.py).
+at a time (they expire after their age limit instead: jobs/queue/expiry.py).
 
 The state lives in three consumer columns, changed with conditional UPDATEs in the transaction
-that records the attempts; the claim reads them (jobs/dispatch.py).
+that records the attempts; the claims read them (jobs/queue/rules.py, `receiving_push_consumers`
+and `in_flight_cap`).
 """
 
 from __future__ import annotations
@@ -70,18 +71,9 @@ def _count_failures(consumer: Consumer, failures: int, now: datetime) -> datetim
     return open_until
 
 
-# For the statement that records 2xx answers: any answer closes the circuit of its consumer. The
-# condition keeps the usual case (nothing to reset) free of writes.
-CLOSE_CIRCUITS_SQL = f"""
-    UPDATE {Consumer._meta.db_table}
-    SET circuit_failures = 0, circuit_open_until = NULL, circuit_cooldown_seconds = 0
-    WHERE id = ANY(%(consumers)s::bigint[])
-        AND (circuit_failures > 0 OR circuit_open_until IS NOT NULL)
-"""  # noqa: S608 (table name from model metadata)
-
-
 def close_circuits(consumer_ids: Iterable[int]) -> None:
-    """The ORM form of CLOSE_CIRCUITS_SQL (SQLite)."""
+    """Reset the circuits of consumers that answered (what jobs/queue/postgres.py does within
+    its statement that records deliveries)."""
     Consumer.objects.filter(pk__in=list(consumer_ids)).exclude(
         circuit_failures=0, circuit_open_until=None
     ).update(circuit_failures=0, circuit_open_until=None, circuit_cooldown_seconds=0)

@@ -1,4 +1,4 @@
-"""Leases of INFLIGHT jobs: taking jobs for pull consumers, and sweeping expired leases.
+"""Leases of INFLIGHT jobs: handing jobs to pull consumers, and sweeping expired leases.
 
 A lease that runs out means whoever held the job (a dispatcher that died, a pull worker that
 vanished) will not report back: the job returns to QUEUED, or goes DEAD when it has used all its
@@ -17,7 +17,8 @@ from django.utils import timezone
 from broker.payloads import PayloadMissing
 from consumers.models import Consumer
 from jobs.models import Job
-from jobs.states import DEAD, INFLIGHT, QUEUED
+from jobs.queue.rules import heads_of_their_keys, lease_expiry
+from jobs.states import DEAD, INFLIGHT, QUEUED, JobStatus
 
 SWEEP_BATCH = 500
 LEASE_EXPIRED = "lease expired before the outcome was reported"
@@ -50,8 +51,9 @@ def sweep_expired_leases(now: datetime | None = None, batch: int = SWEEP_BATCH) 
     return moved
 
 
-def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int) -> list[Job]:
-    """Atomically move up to `limit` of the consumer's due jobs QUEUED -> INFLIGHT.
+def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int | None = None) -> list[Job]:
+    """Atomically move up to `limit` of the consumer's due jobs QUEUED -> INFLIGHT, under a lease
+    of `lease_seconds` (None: the delivery timeout and its grace, as for push).
 
     SKIP LOCKED lets competing workers take different jobs instead of waiting on each other; the
     conditional transition guarantees that no job is handed out twice even without it (SQLite).
@@ -60,7 +62,7 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int) -> list[J
     now = timezone.now()
     due = Job.objects.filter(consumer=consumer, status=QUEUED, next_attempt_at__lte=now)
     if consumer.ordering == Consumer.Ordering.ORDERED:
-        due = due.heads_of_their_keys()
+        due = heads_of_their_keys(due)
     with transaction.atomic():
         candidates = (
             due.select_for_update(skip_locked=True)
@@ -72,7 +74,7 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int) -> list[J
             QUEUED,
             INFLIGHT,
             attempts=F("attempts") + 1,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            lease_expires_at=_pull_lease(now, lease_seconds),
             incremental_timeout=0,
         )
     claimed = (
@@ -81,6 +83,24 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int) -> list[J
         .order_by("-priority", "pk")
     )
     return _with_payloads(claimed)
+
+
+def take_for_pull(job: Job, incremental_timeout: int = 0) -> None:
+    """A pull consumer moves one job to INFLIGHT itself, QUEUED or DEAD (a retry of a dead job):
+    one attempt more, under a lease longer by `incremental_timeout` seconds."""
+    job.move(
+        JobStatus(job.status),  # the table allows QUEUED and DEAD; anything else is refused
+        INFLIGHT,
+        attempts=F("attempts") + 1,
+        lease_expires_at=lease_expiry(timezone.now(), incremental_timeout),
+        incremental_timeout=incremental_timeout,
+    )
+
+
+def _pull_lease(now: datetime, lease_seconds: int | None) -> datetime:
+    if lease_seconds is None:
+        return lease_expiry(now)
+    return now + timedelta(seconds=lease_seconds)
 
 
 def _with_payloads(jobs: Iterable[Job]) -> list[Job]:

@@ -15,9 +15,10 @@ from typing import Any
 import psycopg
 from django.db import connection
 
+from jobs.queue.rules import WAKEUP_CHANNEL
+
 logger = logging.getLogger(__name__)
 
-CHANNEL = "broker_jobs"
 LIBPQ_OPTIONS = {"connect_timeout", "sslmode", "sslrootcert", "sslcert", "sslkey", "options"}
 RECONNECT_SECONDS = 2.0
 
@@ -42,7 +43,7 @@ async def listen_for_jobs(wake: Callable[[], None]) -> None:
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(**_connection_kwargs()) as listener:
-                await listener.execute(f"LISTEN {CHANNEL}")
+                await listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 wake()  # jobs may have arrived while we were not listening
                 async for _ in listener.notifies():
                     wake()

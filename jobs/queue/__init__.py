@@ -1,0 +1,142 @@
+"""The job queue: the one owner of every operation that makes jobs, hands them out and finishes
+them, and of the rules those follow (jobs/queue/rules.py).
+
+- fan-out: `insert_message` (a published message with one job per consumer of its channel),
+  `release_due_messages` (scheduled messages), `add_jobs` and `replay_delivered` (replay);
+- claims: `claim_for_push` (dispatchers), `claim_for_pull` and `take_for_pull` (pull consumers);
+- outcomes: `record_outcomes` (push attempts), `release_unsent` (claimed, never sent);
+- leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
+- wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
+
+Each operation runs on PostgreSQL as the statements of jobs/queue/postgres.py and elsewhere
+through the ORM (jobs/queue/portable.py); which one is the only question of database vendor a
+caller never asks. Pull consumers' reports (DELIVERED, DEAD) and requeues from the dead-letter
+queue are single state changes: the state machine's own (jobs/models.py, jobs/states.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from broker.models import Message
+from jobs.delivery import AttemptResult
+from jobs.models import Job
+from jobs.queue.expiry import expire_old_jobs, restart_age
+from jobs.queue.fanout import add_jobs
+from jobs.queue.leases import claim_for_pull, sweep_expired_leases, take_for_pull
+from jobs.queue.outcomes import record_failures, release_unsent
+from jobs.queue.portable import PortableQueue
+from jobs.queue.postgres import PostgresQueue
+from jobs.queue.types import ClaimedJob, Inserted, OutgoingMessage
+from jobs.retry import Outcome, Verdict
+from jobs.states import DELIVERED, INFLIGHT, QUEUED, check_transition
+
+__all__ = [
+    "RELEASE_BATCH",
+    "ClaimedJob",
+    "Inserted",
+    "OutgoingMessage",
+    "add_jobs",
+    "claim_for_pull",
+    "claim_for_push",
+    "concurrent_writers",
+    "expire_old_jobs",
+    "insert_message",
+    "listen_for_jobs",
+    "record_outcomes",
+    "release_due_messages",
+    "release_unsent",
+    "replay_delivered",
+    "restart_age",
+    "sweep_expired_leases",
+    "take_for_pull",
+    "wake_dispatchers",
+]
+
+RELEASE_BATCH = 500  # scheduled messages released per call (and per transaction) by default
+
+_POSTGRES, _PORTABLE = PostgresQueue(), PortableQueue()
+
+
+def _backend() -> PostgresQueue | PortableQueue:
+    return _POSTGRES if connection.vendor == "postgresql" else _PORTABLE
+
+
+def insert_message(message: Message) -> Inserted:
+    """Insert an unsaved, unscheduled message and one QUEUED job per consumer its channel has,
+    atomically, and wake the dispatchers at commit. Sets the message's key, status (DISPATCHED,
+    or ACKNOWLEDGED when the channel has no consumer) and dispatch time. Inserts nothing when the
+    channel or the producer does not exist (the result says which); IntegrityError when the
+    channel has a message with that ID. Inside a caller's transaction it joins it (outbox)."""
+    return _backend().insert_message(message)
+
+
+def release_due_messages(now: datetime | None = None, limit: int = RELEASE_BATCH) -> int:
+    """Release up to `limit` scheduled messages due at `now`; return how many were released.
+
+    One call is one transaction: each due message (SCHEDULED, `scheduled_for <= now`, oldest due
+    first) gets one QUEUED job per consumer its channel has at this moment and becomes
+    DISPATCHED (ACKNOWLEDGED, without jobs, when the channel has no consumer); dispatchers are
+    woken. Safe from any number of processes at once: every message is released exactly once,
+    and a caller never waits for another. A return value equal to `limit` means more may be
+    due: call again at once.
+    """
+    return _backend().release_due_messages(now or timezone.now(), limit)
+
+
+def replay_delivered(job_ids: list[int]) -> int:
+    """Queue these DELIVERED jobs again (replay); the caller wakes the dispatchers."""
+    return Job.objects.filter(pk__in=job_ids).replay_delivered()
+
+
+def claim_for_push(limit: int, now: datetime | None = None) -> list[ClaimedJob]:
+    """Take up to `limit` due jobs of push consumers that may receive (rules.py), best priority
+    first: INFLIGHT under a lease, one attempt more, whatever their requests need returned.
+
+    Any number of dispatchers may claim at once: no job is taken twice.
+    """
+    check_transition(QUEUED, INFLIGHT)
+    claimed = _backend().claim_for_push(limit, now or timezone.now())
+    return sorted(claimed, key=lambda job: (-job.priority, job.due_at))
+
+
+def record_outcomes(
+    results: list[AttemptResult],
+    outcomes: dict[int, Outcome],
+    answered: set[int],
+    dispatcher_id: str,
+    now: datetime,
+) -> dict[int, Outcome]:
+    """Record push attempts and move their jobs on by their outcomes, in one transaction: 2xx
+    answers DELIVERED, failures QUEUED again or DEAD, circuits opened or closed (`answered`: the
+    consumers that showed themselves up in this batch). Only a job still under the claim a result
+    is of moves. Returns the outcomes applied, by job (a job deleted meanwhile has none)."""
+    delivered = [r for r in results if outcomes[r.job_id].verdict is Verdict.DELIVERED]
+    failed = [r for r in results if outcomes[r.job_id].verdict is not Verdict.DELIVERED]
+    with transaction.atomic():
+        if delivered:
+            check_transition(INFLIGHT, DELIVERED)
+            _backend().record_deliveries(delivered, dispatcher_id, now)
+        applied = record_failures(failed, outcomes, answered, dispatcher_id, now)
+    return {r.job_id: outcomes[r.job_id] for r in delivered} | applied
+
+
+def wake_dispatchers() -> None:
+    """Wake idle dispatchers when the current transaction commits (PostgreSQL's NOTIFY; other
+    databases are polled)."""
+    _backend().wake_dispatchers()
+
+
+async def listen_for_jobs(wake: Callable[[], None]) -> None:
+    """Call `wake` whenever jobs may have been queued, until cancelled (PostgreSQL's LISTEN; on
+    other databases it never calls, and dispatchers poll)."""
+    await _backend().listen(wake)
+
+
+def concurrent_writers() -> bool:
+    """Whether outcomes may be recorded on a connection of their own while claims go on."""
+    return _backend().concurrent_writers

@@ -1,0 +1,113 @@
+"""Recording what became of push attempts that failed, and giving back jobs never sent.
+
+The 2xx answers are recorded by each database's own `record_deliveries` (one statement on
+PostgreSQL); everything here is the same on every database.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db.models import F
+from django.utils import timezone
+
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+from jobs.models import DeliveryAttempt, Job, JobQuerySet
+from jobs.queue import circuit
+from jobs.retry import Outcome, Verdict
+from jobs.states import DEAD, INFLIGHT, QUEUED
+
+
+def record_failures(
+    failed: list[AttemptResult],
+    outcomes: dict[int, Outcome],
+    answered: set[int],
+    dispatcher_id: str,
+    now: datetime,
+) -> dict[int, Outcome]:
+    """Failed attempts: a row each, the circuits of consumers that were unavailable, then each
+    job QUEUED at its own due time, or DEAD. Returns the outcomes applied, by job.
+
+    The jobs are locked first, so that one deleted meanwhile (with its consumer) is skipped
+    rather than given an attempt row that points nowhere. Consumers in `answered` gave an answer
+    in the same batch that shows them up (a 2xx, or a 4xx of their own choosing): their circuits
+    close, and their failures do not count towards them.
+    """
+    if not failed:
+        return {}
+    present = set(
+        Job.objects.select_for_update()
+        .filter(pk__in=[r.job_id for r in failed])
+        .values_list("pk", flat=True)
+    )
+    failed = [r for r in failed if r.job_id in present]
+    DeliveryAttempt.objects.bulk_create(attempt_row(result, dispatcher_id) for result in failed)
+    unavailable = Counter(
+        r.consumer_id
+        for r in failed
+        if outcomes[r.job_id].unavailable and r.consumer_id not in answered
+    )
+    reopened = circuit.record_unavailable(unavailable, now)
+    circuit.close_circuits({r.consumer_id for r in failed} & answered)
+    applied = {}
+    for result in failed:
+        outcome = outcomes[result.job_id]
+        if outcome.unavailable and result.consumer_id in reopened:
+            # A failed probe uses no attempt; it waits for the circuit to half-open again (its
+            # error says so, never that attempts were used up: the job is QUEUED).
+            reason = f"{result.error}; circuit open again, attempt not counted"
+            outcome = Outcome(Verdict.RETRY, reason, reopened[result.consumer_id], refund=True)
+        _apply(result, outcome)
+        applied[result.job_id] = outcome
+    return applied
+
+
+def release_unsent(job_ids: Iterable[int]) -> int:
+    """Give claimed jobs that were never sent back to the queue, without using an attempt."""
+    return Job.objects.filter(pk__in=list(job_ids)).transition(
+        INFLIGHT,
+        QUEUED,
+        attempts=F("attempts") - 1,
+        lease_expires_at=None,
+        next_attempt_at=timezone.now(),
+    )
+
+
+def _apply(result: AttemptResult, outcome: Outcome) -> None:
+    """One failed attempt's outcome: its job QUEUED again at its due time, or DEAD."""
+    jobs = still_ours(result)
+    if outcome.verdict is Verdict.RETRY:
+        jobs.transition(
+            INFLIGHT,
+            QUEUED,
+            next_attempt_at=outcome.due_at,
+            lease_expires_at=None,
+            last_error=outcome.reason,
+            attempts=F("attempts") - 1 if outcome.refund else F("attempts"),
+        )
+    elif outcome.verdict is Verdict.DEAD:
+        jobs.transition(INFLIGHT, DEAD, lease_expires_at=None, last_error=outcome.reason)
+    if outcome.pause_consumer:
+        Consumer.objects.filter(pk=result.consumer_id).update(paused=True)
+
+
+def still_ours(result: AttemptResult) -> JobQuerySet:
+    """The result's job if it still holds the claim the result is of: a job whose lease expired
+    and that another dispatcher took again has one more attempt, and is left to that holder."""
+    return Job.objects.filter(pk=result.job_id, attempts=result.attempt)
+
+
+def attempt_row(result: AttemptResult, dispatcher_id: str) -> DeliveryAttempt:
+    return DeliveryAttempt(
+        job_id=result.job_id,
+        attempt_number=result.attempt,
+        started_at=result.started_at,
+        duration_ms=result.duration_ms,
+        status_code=result.status_code,
+        error_class=result.error_class,
+        response_excerpt=result.response_excerpt,
+        dispatcher_id=dispatcher_id,
+    )

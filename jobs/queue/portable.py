@@ -1,0 +1,147 @@
+"""The queue through the ORM, for SQLite: the operations of jobs/queue/postgres.py, with the same
+rules (jobs/queue/rules.py), in a few statements each.
+
+SQLite has one writer at a time and no SKIP LOCKED: each operation is one transaction, and the
+state machine's conditional UPDATE says which caller won a job or a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import Count, F
+
+from broker.message_states import SCHEDULED, status_after_fanout
+from broker.models import Channel, Message, Producer
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+from jobs.models import DeliveryAttempt, Job
+from jobs.queue.circuit import close_circuits
+from jobs.queue.fanout import add_jobs
+from jobs.queue.outcomes import attempt_row, still_ours
+from jobs.queue.rules import (
+    heads_of_their_keys,
+    in_flight_cap,
+    lease_expiry,
+    receiving_push_consumers,
+)
+from jobs.queue.types import CLAIM_COLUMNS, ClaimedJob, Inserted
+from jobs.states import DELIVERED, INFLIGHT, QUEUED
+
+
+class PortableQueue:
+    """jobs/queue's operations on any database Django supports."""
+
+    concurrent_writers = False  # one writer at a time: outcomes are recorded between claims
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """No notifications without PostgreSQL: dispatchers poll."""
+        await asyncio.Event().wait()
+
+    def insert_message(self, message: Message) -> Inserted:
+        channel_found = Channel.objects.filter(pk=message.channel_id).exists()
+        producer_found = Producer.objects.filter(pk=message.producer_id).exists()
+        if not (channel_found and producer_found):
+            return Inserted(channel_found, producer_found)
+        consumer_ids = list(
+            Consumer.objects.filter(channel_id=message.channel_id).values_list("pk", flat=True)
+        )
+        message.status = status_after_fanout(bool(consumer_ids))
+        message.dispatched_at = message.received_at if consumer_ids else None
+        # The message insert is the block's first write: a duplicate ID fails before anything
+        # else happened, and rolling the block back leaves a caller's own work intact.
+        with transaction.atomic():
+            message.save(force_insert=True)
+            add_jobs(message, consumer_ids, message.received_at)
+        return Inserted(True, True)
+
+    def release_due_messages(self, now: datetime, limit: int) -> int:
+        with transaction.atomic():
+            due = list(
+                Message.objects.filter(status=SCHEDULED, scheduled_for__lte=now)
+                .order_by("scheduled_for", "pk")
+                .only("pk", "channel_id", "priority", "ordering_key")[:limit]
+            )
+            consumers: dict[str, list[int]] = {}
+            for channel_id, consumer_id in Consumer.objects.filter(
+                channel_id__in={message.channel_id for message in due}
+            ).values_list("channel_id", "pk"):
+                consumers.setdefault(channel_id, []).append(consumer_id)
+            return sum(
+                _release_one(message, sorted(consumers.get(message.channel_id, [])), now)
+                for message in due
+            )
+
+    def claim_for_push(self, limit: int, now: datetime) -> list[ClaimedJob]:
+        with transaction.atomic():
+            ids = _due_job_ids(limit, now)
+            Job.objects.filter(pk__in=ids).transition(
+                QUEUED, INFLIGHT, attempts=F("attempts") + 1, lease_expires_at=lease_expiry(now)
+            )
+        rows = Job.objects.filter(pk__in=ids, status=INFLIGHT).values_list(*CLAIM_COLUMNS)
+        return [ClaimedJob.from_row(row) for row in rows]
+
+    def record_deliveries(
+        self, results: list[AttemptResult], dispatcher_id: str, now: datetime
+    ) -> None:
+        present = set(
+            Job.objects.filter(pk__in=[r.job_id for r in results]).values_list("pk", flat=True)
+        )
+        DeliveryAttempt.objects.bulk_create(
+            attempt_row(r, dispatcher_id) for r in results if r.job_id in present
+        )
+        for result in results:
+            still_ours(result).transition(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
+        close_circuits({r.consumer_id for r in results})
+
+    def wake_dispatchers(self) -> None:
+        """Dispatchers poll the database: nothing to wake."""
+
+
+def _release_one(message: Message, consumer_ids: list[int], now: datetime) -> int:
+    """A conditional UPDATE says which caller released the message; that one makes its jobs."""
+    won = Message.objects.filter(pk=message.pk).transition(
+        SCHEDULED,
+        status_after_fanout(bool(consumer_ids)),
+        dispatched_at=now if consumer_ids else None,
+    )
+    if won:
+        add_jobs(message, consumer_ids, now)
+    return won
+
+
+def _due_job_ids(limit: int, now: datetime) -> list[int]:
+    """Per consumer, its due jobs up to its in-flight room; then the best `limit` overall.
+
+    Looking per consumer keeps a paused consumer's backlog, or a slow consumer at its cap, from
+    being scanned or from taking every slot.
+    """
+    candidates: list[tuple[int, datetime, int]] = []
+    for consumer, room in _consumer_room(now).items():
+        due = Job.objects.filter(consumer_id=consumer.pk, status=QUEUED, next_attempt_at__lte=now)
+        if consumer.ordering == Consumer.Ordering.ORDERED:
+            due = heads_of_their_keys(due)
+        candidates += due.order_by("-priority", "next_attempt_at").values_list(
+            "priority", "next_attempt_at", "pk"
+        )[: min(room, limit)]
+    candidates.sort(key=lambda row: (-row[0], row[1]))
+    return [pk for _, _, pk in candidates[:limit]]
+
+
+def _consumer_room(now: datetime) -> dict[Consumer, int]:
+    """How many more jobs each push consumer that may receive can have in flight."""
+    consumers = receiving_push_consumers(now)
+    in_flight = dict(
+        Job.objects.filter(status=INFLIGHT, consumer__in=consumers)
+        .values("consumer")
+        .annotate(n=Count("pk"))
+        .values_list("consumer", "n")
+    )
+    room = {
+        consumer: in_flight_cap(consumer) - in_flight.get(consumer.pk, 0)
+        for consumer in consumers.only("ordering", "max_in_flight", "circuit_open_until")
+    }
+    return {consumer: free for consumer, free in room.items() if free > 0}

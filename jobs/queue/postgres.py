@@ -1,0 +1,323 @@
+"""The queue on PostgreSQL: each hot operation one statement and one round trip.
+
+Every statement of the queue that is written in SQL lives here (procrastinate keeps its queries
+in one file the same way); the rules they apply are those of jobs/queue/rules.py, and
+jobs/queue/portable.py does the same through the ORM. Table names come from model metadata and
+code constants are literals (so that PostgreSQL matches the partial indexes even with a generic
+plan); every value is a parameter. Why the statements are shaped as they are: docs/queue.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import nullcontext
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+
+from broker.models import Channel, Message, Producer
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+from jobs.models import DeliveryAttempt, Job
+from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, WAKEUP_CHANNEL, lease_expiry
+from jobs.queue.types import ClaimedJob, Inserted
+from jobs.queue.wakeup import listen_for_jobs
+from jobs.states import DELIVERED, INFLIGHT, QUEUED
+
+_JOB = Job._meta.db_table
+_MESSAGE = Message._meta.db_table
+_CONSUMER = Consumer._meta.db_table
+_DISPATCHED, _ACKNOWLEDGED = Message.Status.DISPATCHED.value, Message.Status.ACKNOWLEDGED.value
+_SCHEDULED = Message.Status.SCHEDULED.value
+
+# The columns of a new job that a fan-out statement inserts; the values follow each statement's
+# own source (a published message, or a released one).
+_JOB_COLUMNS = """(message_id, consumer_id, status, priority, ordering_key, attempts,
+    next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at, enqueued_at)"""
+# Wakes idle dispatchers: PostgreSQL delivers it at commit, once per transaction.
+_NOTIFY = f"pg_notify('{WAKEUP_CHANNEL}', '')"
+
+# Publish: the message and one job per consumer of the channel in one statement: atomic by
+# itself, one round trip (a broadcast went from 8 round trips to 3 with it), and the consumers
+# are read in the same snapshot as the insert. The channel and producer are checked in it too.
+INSERT_MESSAGE_SQL = f"""
+WITH channel AS (
+    SELECT id FROM {Channel._meta.db_table} WHERE id = %(channel)s
+), producer AS (
+    SELECT id FROM {Producer._meta.db_table} WHERE id = %(producer)s
+), consumers AS (
+    SELECT consumer.id FROM {_CONSUMER} consumer JOIN channel ON consumer.channel_id = channel.id
+), message AS (
+    INSERT INTO {_MESSAGE} (channel_id, producer_id, public_id, payload,
+        payload_file, payload_size, content_type, priority, headers, ordering_key, status,
+        received_at, dispatched_at, traceparent, tracestate)
+    SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(payload_file)s,
+        %(payload_size)s, %(content_type)s, %(priority)s, %(headers)s::jsonb, %(ordering_key)s,
+        CASE WHEN EXISTS (SELECT FROM consumers) THEN '{_DISPATCHED}' ELSE '{_ACKNOWLEDGED}' END,
+        %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END,
+        %(traceparent)s, %(tracestate)s
+    FROM channel, producer
+    RETURNING id, status, dispatched_at
+), jobs AS (
+    INSERT INTO {_JOB} {_JOB_COLUMNS}
+    SELECT message.id, consumers.id, '{QUEUED.value}', %(priority)s, %(ordering_key)s, 0,
+        %(now)s, 0, '', %(now)s, %(now)s, %(now)s
+    FROM message, consumers
+)
+SELECT message.id, message.status, message.dispatched_at,
+    EXISTS (SELECT FROM channel), EXISTS (SELECT FROM producer),
+    (SELECT {_NOTIFY} FROM message WHERE EXISTS (SELECT FROM consumers))
+FROM (SELECT) AS one_row LEFT JOIN message ON true
+"""  # noqa: S608
+
+# Release of due scheduled messages: locks them (skipping those another caller holds; the status
+# test is re-checked on the locked row version, so a message released meanwhile is not taken
+# again), inserts their jobs, then marks them released; the consumers are read in the same
+# snapshot by both. Jobs are inserted in due order: job IDs define the order in which ordered
+# consumers receive a key's messages, so a scheduled message takes its place in that order at
+# its release. `AS MATERIALIZED` with the LIMIT: docs/queue.md (PostgreSQL bug #15715).
+RELEASE_DUE_SQL = f"""
+WITH due AS MATERIALIZED (
+    SELECT id, channel_id, priority, ordering_key, scheduled_for
+    FROM {_MESSAGE}
+    WHERE status = '{_SCHEDULED}' AND scheduled_for <= %(now)s
+    ORDER BY scheduled_for, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), jobs AS (
+    INSERT INTO {_JOB} {_JOB_COLUMNS}
+    SELECT due.id, consumer.id, '{QUEUED.value}', due.priority, due.ordering_key, 0, %(now)s, 0,
+        '', %(now)s, %(now)s, %(now)s
+    FROM due JOIN {_CONSUMER} consumer ON consumer.channel_id = due.channel_id
+    ORDER BY due.scheduled_for, due.id, consumer.id
+    RETURNING message_id
+), released AS (
+    UPDATE {_MESSAGE} message
+    SET status = CASE WHEN has_consumers THEN '{_DISPATCHED}' ELSE '{_ACKNOWLEDGED}' END,
+        dispatched_at = CASE WHEN has_consumers THEN %(now)s::timestamptz END
+    FROM (
+        SELECT due.id, EXISTS (
+            SELECT FROM {_CONSUMER} consumer WHERE consumer.channel_id = due.channel_id
+        ) AS has_consumers
+        FROM due
+    ) AS target
+    WHERE message.id = target.id
+    RETURNING message.id
+)
+SELECT (SELECT count(*) FROM released), (SELECT {_NOTIFY} WHERE EXISTS (SELECT FROM jobs))
+"""  # noqa: S608
+
+# The push claim:
+# - cap, room: each consumer's free in-flight slots, for push consumers that may receive
+#   (rules.receiving_push_consumers, rules.in_flight_cap). Counted once per claim (hence
+#   MATERIALIZED), and only up to the cap: a plain index scan that stops there, and that marks
+#   the dead index entries of finished jobs as it passes, so that the next claim skips them;
+# - due: per consumer, its best due jobs up to its room, read from an index without locks. For an
+#   ordered consumer only the head of each key qualifies (rules.heads_of_their_keys): the key's
+#   pending job with the lowest id, when it is QUEUED and due. The heads are found by walking
+#   the consumer's keys through job_consumer_key_pending_idx, one index probe per key, so the
+#   cost grows with the number of keys with pending jobs, not with the backlog behind them;
+# - candidate: the best of those overall. Twice the batch is read, so that rows a concurrent
+#   dispatcher holds can be skipped without coming back short;
+# - taken: those rows locked, skipping any already locked, up to the batch size;
+# - the UPDATE moves them to INFLIGHT with a lease, counts the attempt and returns the columns of
+#   types.CLAIM_COLUMNS.
+# A consumer's cap holds per claim; claims of several dispatchers at the same moment can each fill
+# the same room (docs/dispatcher.md).
+_PENDING = f"('{QUEUED.value}', '{INFLIGHT.value}')"
+CLAIM_FOR_PUSH_SQL = f"""
+WITH cap AS (
+    SELECT c.id, c.ordering = '{Consumer.Ordering.ORDERED.value}' AS ordered,
+        CASE WHEN c.circuit_open_until IS NULL
+            THEN coalesce(c.max_in_flight, {DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER}) ELSE 1 END AS cap
+    FROM {_CONSUMER} c
+    WHERE c.type = '{Consumer.Type.PUSH.value}' AND NOT c.paused
+        AND (c.circuit_open_until IS NULL OR c.circuit_open_until <= %(now)s)
+),
+room AS MATERIALIZED (
+    SELECT cap.id, cap.ordered, cap.cap - (
+        SELECT count(*) FROM (
+            SELECT FROM {_JOB} f
+            WHERE f.consumer_id = cap.id AND f.status = '{INFLIGHT.value}'
+            LIMIT cap.cap
+        ) in_flight
+    ) AS free
+    FROM cap
+),
+due AS (
+    SELECT next.id, next.priority, next.next_attempt_at
+    FROM room CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.next_attempt_at
+        FROM {_JOB} j
+        WHERE j.consumer_id = room.id AND j.status = '{QUEUED.value}'
+            AND j.next_attempt_at <= %(now)s
+        ORDER BY j.priority DESC, j.next_attempt_at
+        LIMIT least(room.free, %(candidates)s)
+    ) next
+    WHERE room.free > 0 AND NOT room.ordered
+    UNION ALL
+    SELECT head.id, head.priority, head.next_attempt_at
+    FROM room CROSS JOIN LATERAL (
+        WITH RECURSIVE key_head AS (
+            (SELECT j.ordering_key, j.id, j.status, j.priority, j.next_attempt_at
+             FROM {_JOB} j
+             WHERE j.consumer_id = room.id AND j.status IN {_PENDING}
+             ORDER BY j.ordering_key, j.id LIMIT 1)
+            UNION ALL
+            SELECT next_key.*
+            FROM key_head CROSS JOIN LATERAL (
+                SELECT j.ordering_key, j.id, j.status, j.priority, j.next_attempt_at
+                FROM {_JOB} j
+                WHERE j.consumer_id = room.id AND j.status IN {_PENDING}
+                    AND j.ordering_key > key_head.ordering_key
+                ORDER BY j.ordering_key, j.id LIMIT 1
+            ) next_key
+        )
+        SELECT id, priority, next_attempt_at FROM key_head
+        WHERE status = '{QUEUED.value}' AND next_attempt_at <= %(now)s
+        ORDER BY priority DESC, next_attempt_at
+        LIMIT least(room.free, %(candidates)s)
+    ) head
+    WHERE room.free > 0 AND room.ordered
+),
+candidate AS (
+    SELECT * FROM due ORDER BY priority DESC, next_attempt_at LIMIT %(candidates)s
+),
+taken AS MATERIALIZED (
+    SELECT j.id
+    FROM {_JOB} j JOIN candidate ON candidate.id = j.id
+    WHERE j.status = '{QUEUED.value}'
+    ORDER BY candidate.priority DESC, candidate.next_attempt_at
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {_JOB} j
+SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attempts + 1,
+    lease_expires_at = %(lease_until)s
+FROM taken, {_MESSAGE} m, {_CONSUMER} c
+WHERE j.id = taken.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
+    AND c.id = j.consumer_id
+RETURNING j.id, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at, j.created_at,
+    m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
+    m.traceparent, m.tracestate
+"""  # noqa: S608
+
+# Any answer that is not unavailability closes the circuit of its consumer (jobs/queue/circuit.py).
+# The condition keeps the usual case (nothing to reset) free of writes.
+_CLOSE_CIRCUITS = f"""
+    UPDATE {_CONSUMER}
+    SET circuit_failures = 0, circuit_open_until = NULL, circuit_cooldown_seconds = 0
+    WHERE id = ANY(%(consumers)s::bigint[])
+        AND (circuit_failures > 0 OR circuit_open_until IS NOT NULL)
+"""  # noqa: S608
+
+# The common case, 2xx answers: their attempt rows and their jobs' move to DELIVERED in one
+# statement, one round trip for the whole batch. Only jobs still INFLIGHT under the claim the
+# result is of (the same attempt count) move: one whose lease expired and was swept, and perhaps
+# taken again, meanwhile is left to the queue or its new holder (its duplicate delivery is the
+# at-least-once price); its attempt is recorded all the same. A job deleted meanwhile (with its
+# consumer or message) gets no attempt row: `present` locks the jobs against deletion before
+# anything else touches them (a row this statement had already updated could not be locked).
+RECORD_DELIVERIES_SQL = f"""
+WITH present AS MATERIALIZED (
+    SELECT id FROM {_JOB} WHERE id = ANY(%(jobs)s::bigint[]) FOR KEY SHARE
+),
+closed AS ({_CLOSE_CIRCUITS}),
+moved AS (
+    UPDATE {_JOB} j
+    SET status = '{DELIVERED.value}', status_changed_at = %(now)s, lease_expires_at = NULL,
+        last_error = ''
+    FROM unnest(%(jobs)s::bigint[], %(attempts)s::int[]) AS claimed(id, attempts)
+    WHERE j.id = claimed.id AND j.attempts = claimed.attempts
+        AND j.id IN (SELECT id FROM present) AND j.status = '{INFLIGHT.value}'
+)
+INSERT INTO {DeliveryAttempt._meta.db_table} (job_id, attempt_number, started_at, duration_ms,
+    status_code, error_class, response_excerpt, dispatcher_id)
+SELECT job_id, attempt_number, started_at, duration_ms, status_code, '', excerpt, %(dispatcher)s
+FROM unnest(%(jobs)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[],
+    %(durations)s::float8[], %(statuses)s::smallint[], %(excerpts)s::text[])
+    AS result(job_id, attempt_number, started_at, duration_ms, status_code, excerpt)
+WHERE job_id IN (SELECT id FROM present)
+"""  # noqa: S608
+
+
+class PostgresQueue:
+    """jobs/queue's operations that PostgreSQL does in one statement each."""
+
+    # Recording outcomes may run on a connection of its own beside the claims.
+    concurrent_writers = True
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        await listen_for_jobs(wake)
+
+    def insert_message(self, message: Message) -> Inserted:
+        # Alone, the statement commits by itself; inside a caller's transaction it needs a
+        # savepoint so that a refused message (duplicate ID) leaves that transaction usable.
+        savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+        with savepoint, connection.cursor() as cursor:
+            cursor.execute(INSERT_MESSAGE_SQL, _message_parameters(message))
+            pk, status, dispatched_at, channel_found, producer_found, _ = cursor.fetchone()
+        message.pk, message.status, message.dispatched_at = pk, status, dispatched_at
+        message._state.adding = pk is None
+        return Inserted(channel_found, producer_found)
+
+    def release_due_messages(self, now: datetime, limit: int) -> int:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(RELEASE_DUE_SQL, {"now": now, "limit": limit})
+            released, _ = cursor.fetchone()
+        return int(released)
+
+    def claim_for_push(self, limit: int, now: datetime) -> list[ClaimedJob]:
+        parameters: dict[str, Any] = {
+            "now": now,
+            "lease_until": lease_expiry(now),
+            "limit": limit,
+            "candidates": 2 * limit,
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(CLAIM_FOR_PUSH_SQL, parameters)
+            rows = cursor.fetchall()
+        return [ClaimedJob.from_row(row) for row in rows]
+
+    def record_deliveries(
+        self, results: list[AttemptResult], dispatcher_id: str, now: datetime
+    ) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                RECORD_DELIVERIES_SQL,
+                {
+                    "dispatcher": dispatcher_id,
+                    "jobs": [r.job_id for r in results],
+                    "consumers": list({r.consumer_id for r in results}),
+                    "attempts": [r.attempt for r in results],
+                    "started": [r.started_at for r in results],
+                    "durations": [r.duration_ms for r in results],
+                    "statuses": [r.status_code for r in results],
+                    "excerpts": [r.response_excerpt for r in results],
+                    "now": now,
+                },
+            )
+
+    def wake_dispatchers(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {_NOTIFY}")
+
+
+def _message_parameters(message: Message) -> dict[str, Any]:
+    return {
+        "channel": message.channel_id,
+        "producer": message.producer_id,
+        "public_id": message.public_id,
+        "payload": message.payload,
+        "payload_file": message.payload_file,
+        "payload_size": message.payload_size,
+        "content_type": message.content_type,
+        "priority": message.priority,
+        "headers": json.dumps(message.headers),
+        "ordering_key": message.ordering_key,
+        "now": message.received_at,
+        "traceparent": message.traceparent,
+        "tracestate": message.tracestate,
+    }

@@ -1,0 +1,88 @@
+"""What the queue's operations take and give, as plain values."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """What a delivery sends of a message: its ID, body and the metadata that goes with it."""
+
+    message_id: str
+    payload: bytes
+    payload_file: str  # an offloaded payload's name in storage; "" when `payload` holds it
+    content_type: str
+    priority: int
+    headers: dict[str, str]
+    traceparent: str | None = None  # the message's trace context (broker/tracing.py)
+    tracestate: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What a push claim returns for one job: everything its request needs but the consumer."""
+
+    job_id: int
+    attempt: int  # the job's attempts, this one included
+    priority: int
+    due_at: datetime
+    consumer_id: int
+    consumer_changed_at: datetime
+    created_at: datetime  # the job's, for its public ID
+    message: OutgoingMessage
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
+        """From a row of CLAIM_COLUMNS; raw SQL gives memoryview payloads and JSON text (Django
+        reads jsonb as text and leaves parsing to JSONField)."""
+        job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, created_at = row[:7]
+        message_id, payload, payload_file, content_type, message_priority, headers = row[7:13]
+        traceparent, tracestate = row[13:]
+        message = OutgoingMessage(
+            message_id,
+            bytes(payload),
+            payload_file,
+            content_type,
+            message_priority,
+            json.loads(headers) if isinstance(headers, str) else headers,
+            traceparent,
+            tracestate,
+        )
+        return cls(
+            job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, created_at, message
+        )
+
+
+# The claimed row's columns, as Job field paths (the ORM's `values_list`); the PostgreSQL claim
+# returns the same columns in the same order.
+CLAIM_COLUMNS = (
+    "pk",
+    "attempts",
+    "priority",
+    "next_attempt_at",
+    "consumer_id",
+    "consumer__changed_at",
+    "created_at",
+    "message__public_id",
+    "message__payload",
+    "message__payload_file",
+    "message__content_type",
+    "message__priority",
+    "message__headers",
+    "message__traceparent",
+    "message__tracestate",
+)
+
+
+@dataclass(frozen=True)
+class Inserted:
+    """What inserting a message with its jobs found: a missing channel or producer means that
+    nothing was inserted."""
+
+    channel_found: bool
+    producer_found: bool
