@@ -16,13 +16,12 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 
-from spark_etl import io, store, transforms
+from spark_etl import io, store, tables, transforms
 from spark_etl.config import EtlConfig
 
 logger = logging.getLogger(__name__)
 
-REPORT_STAGING = "spark_etl_report_staging"
-ARCHIVE_TABLES = ("attempts", "jobs", "messages")  # published in this order, messages last
+ARCHIVE_TABLES = tuple(tables.ARCHIVED.values())  # published in this order, messages last
 # The offloaded payloads one archive batch may hold in the driver's memory at once.
 MAX_OFFLOADED_BYTES_PER_BATCH = 256 * 1024 * 1024
 
@@ -95,7 +94,7 @@ def read_report_inputs(
     messages = io.read_query(
         spark,
         config,
-        f"SELECT id, channel_id, received_at, scheduled_for FROM {store.MESSAGE}"  # noqa: S608
+        f"SELECT id, channel_id, received_at, scheduled_for FROM {tables.MESSAGE}"  # noqa: S608
         f" WHERE {window} AND id BETWEEN {lo} AND {hi}",
         partition_column="id",
         bounds=messages_range,
@@ -103,7 +102,7 @@ def read_report_inputs(
     jobs = io.read_query(
         spark,
         config,
-        f"SELECT id, message_id, consumer_id, status, attempts, status_changed_at FROM {store.JOB}"  # noqa: S608
+        f"SELECT id, message_id, consumer_id, status, attempts, status_changed_at FROM {tables.JOB}"  # noqa: S608
         f" WHERE message_id BETWEEN {lo} AND {hi}",
         partition_column="message_id",
         bounds=messages_range,
@@ -114,12 +113,12 @@ def read_report_inputs(
     attempts = io.read_query(
         spark,
         config,
-        f"SELECT id, job_id, started_at, status_code, error_class FROM {store.ATTEMPT}"  # noqa: S608
+        f"SELECT id, job_id, started_at, status_code, error_class FROM {tables.ATTEMPT}"  # noqa: S608
         f" WHERE {attempt_filter}",
         partition_column="job_id",
         bounds=jobs_range,
     )
-    consumers = io.read_query(spark, config, f"SELECT id, public_id FROM {store.CONSUMER}")  # noqa: S608
+    consumers = io.read_query(spark, config, f"SELECT id, public_id FROM {tables.CONSUMER}")  # noqa: S608
     return messages, jobs, attempts, consumers
 
 
@@ -158,11 +157,16 @@ def run_report(
             mode="overwrite",  # dynamic: only the dates recomputed are replaced
         )
     logger.info("report: Parquet written at %.1f s", time.monotonic() - started)
-    io.write_table(report.coalesce(2), config, REPORT_STAGING)  # two JDBC connections
+    io.write_table(report.coalesce(2), config, tables.REPORT_STAGING)  # two JDBC connections
     logger.info("report: staging table written at %.1f s", time.monotonic() - started)
     with store.connect(config) as conn:
         store.replace_report(
-            conn, config.report_table, REPORT_STAGING, since, until, transforms.REPORT_COLUMNS
+            conn,
+            config.report_table,
+            tables.REPORT_STAGING,
+            since,
+            until,
+            transforms.REPORT_COLUMNS,
         )
     spark.catalog.clearCache()
     return ReportResult(since, until, rows)
@@ -299,19 +303,19 @@ class Archiver:
         return True
 
     def read_batch(self, batch: store.Batch) -> dict[str, DataFrame]:
-        in_batch = f"SELECT unnest(message_ids) FROM spark_etl_archive_batch WHERE id = {batch.id}"  # noqa: S608
+        in_batch = f"SELECT unnest(message_ids) FROM {tables.ARCHIVE_BATCH} WHERE id = {batch.id}"  # noqa: S608
         placed = "m.channel_id AS channel, (m.received_at AT TIME ZONE 'UTC')::date AS date"
         messages = io.read_query(
             self.spark,
             self.config,
-            f"SELECT m.*, {placed} FROM {store.MESSAGE} m WHERE m.id IN ({in_batch})",  # noqa: S608
+            f"SELECT m.*, {placed} FROM {tables.MESSAGE} m WHERE m.id IN ({in_batch})",  # noqa: S608
             partition_column="id",
             bounds=batch.bounds,
         )
         jobs = io.read_query(
             self.spark,
             self.config,
-            f"SELECT j.*, {placed} FROM {store.JOB} j JOIN {store.MESSAGE} m"  # noqa: S608
+            f"SELECT j.*, {placed} FROM {tables.JOB} j JOIN {tables.MESSAGE} m"  # noqa: S608
             f" ON m.id = j.message_id WHERE j.message_id IN ({in_batch})",
             partition_column="message_id",
             bounds=batch.bounds,
@@ -319,8 +323,9 @@ class Archiver:
         attempts = io.read_query(
             self.spark,
             self.config,
-            f"SELECT a.*, j.message_id, {placed} FROM {store.ATTEMPT} a"  # noqa: S608
-            f" JOIN {store.JOB} j ON j.id = a.job_id JOIN {store.MESSAGE} m ON m.id = j.message_id"
+            f"SELECT a.*, j.message_id, {placed} FROM {tables.ATTEMPT} a"  # noqa: S608
+            f" JOIN {tables.JOB} j ON j.id = a.job_id"
+            f" JOIN {tables.MESSAGE} m ON m.id = j.message_id"
             f" WHERE j.message_id IN ({in_batch})",
             partition_column="message_id",
             bounds=batch.bounds,
@@ -396,7 +401,7 @@ class Archiver:
     def delete_payloads(self, batch: store.Batch) -> None:
         # A file a message still names (one kept above) stays.
         rows = self.conn.execute(
-            f"SELECT payload_file FROM {store.MESSAGE} WHERE payload_file = ANY(%s)",  # noqa: S608
+            f"SELECT payload_file FROM {tables.MESSAGE} WHERE payload_file = ANY(%s)",  # noqa: S608
             [batch.payload_files],
         )
         still_named = {row[0] for row in rows}

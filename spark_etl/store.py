@@ -3,9 +3,13 @@ archive's manifest and its deletions.
 
 The pipeline keeps its bookkeeping in two tables of its own, created here on first use (the
 package runs without Django, so not through a migration):
-- `spark_etl_watermark`: how far the report has read (a nightly run reads only what is new);
-- `spark_etl_archive_batch`: one row per archive batch, the manifest that makes a re-run after a
-  crash continue where the crashed run stopped.
+- the watermark (`tables.WATERMARK`): how far the report has read (a nightly run reads only what
+  is new);
+- the archive manifest (`tables.ARCHIVE_BATCH`): one row per archive batch, which makes a re-run
+  after a crash continue where the crashed run stopped.
+
+Table names, and what deleting archived rows does to the rows referring to them, come from
+`tables.py`.
 """
 
 from __future__ import annotations
@@ -20,9 +24,16 @@ import psycopg
 from psycopg import sql
 
 from spark_etl.config import EtlConfig
+from spark_etl.tables import (
+    ARCHIVE_BATCH,
+    ARCHIVE_DELETES,
+    ATTEMPT,
+    JOB,
+    MESSAGE,
+    WATERMARK,
+    OnDelete,
+)
 
-MESSAGE, JOB, ATTEMPT = "broker_message", "jobs_job", "jobs_deliveryattempt"
-CONSUMER, PERIODIC = "consumers_consumer", "broker_periodicmessage"
 TERMINAL = ("DELIVERED", "DEAD")
 
 # Archive batch states, in the order a batch goes through them.
@@ -34,13 +45,13 @@ ARCHIVE_LOCK = 0x5E7C_A4C1
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS spark_etl_watermark (
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {WATERMARK} (
     name text PRIMARY KEY,
     value timestamptz NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE TABLE IF NOT EXISTS spark_etl_archive_batch (
+CREATE TABLE IF NOT EXISTS {ARCHIVE_BATCH} (
     id bigserial PRIMARY KEY,
     state text NOT NULL,
     planned_at timestamptz NOT NULL DEFAULT now(),
@@ -51,10 +62,10 @@ CREATE TABLE IF NOT EXISTS spark_etl_archive_batch (
     messages integer NOT NULL,
     jobs integer NOT NULL,
     attempts integer NOT NULL,
-    kept_message_ids bigint[] NOT NULL DEFAULT '{}'
+    kept_message_ids bigint[] NOT NULL DEFAULT '{{}}'
 );
-CREATE INDEX IF NOT EXISTS spark_etl_archive_batch_open_idx
-    ON spark_etl_archive_batch (id) WHERE state NOT IN ('done', 'abandoned');
+CREATE INDEX IF NOT EXISTS {ARCHIVE_BATCH}_open_idx
+    ON {ARCHIVE_BATCH} (id) WHERE state NOT IN ('done', 'abandoned');
 """
 
 
@@ -75,14 +86,17 @@ def ensure_tables(conn: Connection) -> None:
 
 
 def watermark(conn: Connection, name: str) -> datetime | None:
-    row = conn.execute("SELECT value FROM spark_etl_watermark WHERE name = %s", [name]).fetchone()
+    row = conn.execute(
+        f"SELECT value FROM {WATERMARK} WHERE name = %s",  # noqa: S608 (our table name)
+        [name],
+    ).fetchone()
     return row[0] if row else None
 
 
 def set_watermark(conn: Connection, name: str, value: datetime) -> None:
     conn.execute(
-        """INSERT INTO spark_etl_watermark (name, value) VALUES (%s, %s)
-        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()""",
+        f"""INSERT INTO {WATERMARK} (name, value) VALUES (%s, %s)
+        ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now()""",  # noqa: S608
         [name, value],
     )
 
@@ -175,7 +189,7 @@ def try_archive_lock(conn: Connection) -> bool:
 
 def unfinished_batches(conn: Connection) -> list[Batch]:
     rows = conn.execute(
-        f"SELECT {_BATCH_COLUMNS} FROM spark_etl_archive_batch"  # noqa: S608
+        f"SELECT {_BATCH_COLUMNS} FROM {ARCHIVE_BATCH}"  # noqa: S608
         " WHERE state NOT IN ('done', 'abandoned') ORDER BY id"
     ).fetchall()
     return [Batch(*row) for row in rows]
@@ -219,7 +233,7 @@ def plan_batch(
     # Planned "now" on the broker's clock, not the database server's: jobs' status_changed_at,
     # which `changed_since_planned` compares with it, is written on the broker's clock.
     row = conn.execute(
-        f"""INSERT INTO spark_etl_archive_batch
+        f"""INSERT INTO {ARCHIVE_BATCH}
             (state, planned_at, cutoff, message_ids, payload_files, messages, jobs, attempts)
         VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_BATCH_COLUMNS}""",  # noqa: S608
         [
@@ -239,7 +253,7 @@ def plan_batch(
 
 def set_state(conn: Connection, batch: Batch, state: str) -> None:
     conn.execute(
-        "UPDATE spark_etl_archive_batch SET state = %s, updated_at = now() WHERE id = %s",
+        f"UPDATE {ARCHIVE_BATCH} SET state = %s, updated_at = now() WHERE id = %s",  # noqa: S608
         [state, batch.id],
     )
     batch.state = state
@@ -287,26 +301,38 @@ def delete_archived(conn: Connection, batch: Batch, chunk: list[int]) -> tuple[i
         deletable = [row[0] for row in rows if row[1]]
         kept = [row[0] for row in rows if not row[1]]
         if deletable:
-            gone = {"ids": deletable}
-            conn.execute(
-                f"DELETE FROM {ATTEMPT} a USING {JOB} j"  # noqa: S608
-                " WHERE a.job_id = j.id AND j.message_id = ANY(%(ids)s)",
-                gone,
-            )
-            conn.execute(f"DELETE FROM {JOB} WHERE message_id = ANY(%(ids)s)", gone)  # noqa: S608
-            # The ORM's SET_NULL of PeriodicMessage.last_message, done here by hand.
-            conn.execute(
-                f"UPDATE {PERIODIC} SET last_message_id = NULL"  # noqa: S608
-                " WHERE last_message_id = ANY(%(ids)s)",
-                gone,
-            )
-            conn.execute(f"DELETE FROM {MESSAGE} WHERE id = ANY(%(ids)s)", gone)  # noqa: S608
+            delete_with_references(conn, MESSAGE, sql.SQL("id = ANY(%(ids)s)"), {"ids": deletable})
         if kept:
             conn.execute(
-                """UPDATE spark_etl_archive_batch SET kept_message_ids = ARRAY(
+                f"""UPDATE {ARCHIVE_BATCH} SET kept_message_ids = ARRAY(
                     SELECT DISTINCT unnest(kept_message_ids || %s::bigint[]) ORDER BY 1)
-                WHERE id = %s""",
+                WHERE id = %s""",  # noqa: S608
                 [kept, batch.id],
             )
             batch.kept_message_ids = sorted({*batch.kept_message_ids, *kept})
     return len(deletable), kept
+
+
+def delete_with_references(
+    conn: Connection, table: str, where: sql.Composable, params: dict[str, Any]
+) -> None:
+    """Delete the rows of `table` matching `where`, having first done to the rows that refer to
+    them what the models' on_delete would (tables.ARCHIVE_DELETES): cascade, or set to NULL.
+
+    The broker's foreign keys have no ON DELETE in PostgreSQL, so this is the archive's copy of
+    what the ORM does; the referring rows go first, then the rows themselves.
+    """
+    ids = sql.SQL("SELECT id FROM {} WHERE {}").format(sql.Identifier(table), where)
+    for reference in ARCHIVE_DELETES[table]:
+        column = sql.Identifier(reference.column)
+        referring = sql.SQL("{} IN ({})").format(column, ids)
+        if reference.on_delete is OnDelete.CASCADE:
+            delete_with_references(conn, reference.table, referring, params)
+        else:
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} = NULL WHERE {}").format(
+                    sql.Identifier(reference.table), column, referring
+                ),
+                params,
+            )
+    conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(sql.Identifier(table), where), params)

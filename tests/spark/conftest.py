@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from spark_etl import tables
 from spark_etl.config import DEFAULT_JDBC_JAR, Database, EtlConfig
 
 
@@ -87,6 +88,6 @@ def etl_config(tmp_path, spark):
     )
     # pytest-django empties Django's tables between tests, not the pipeline's own.
     with connection.cursor() as cursor:
-        for table in ("spark_etl_watermark", "spark_etl_archive_batch"):
+        for table in (tables.WATERMARK, tables.ARCHIVE_BATCH):
             cursor.execute(f"DROP TABLE IF EXISTS {table}")
     return config
