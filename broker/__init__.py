@@ -1,7 +1,8 @@
 """Webhook broker: durable HTTP pub/sub with at-least-once push and pull delivery.
 
-`from broker import publish` gives the transactional-outbox entry point (SPEC §6.2). It is loaded
-lazily because this package is also the Django project, imported before the app registry is ready.
+`from broker import publish` gives the transactional-outbox entry point (docs/outbox.md). It is
+loaded lazily because this package is also the Django project, imported before the app registry is
+ready.
 """
 
 from __future__ import annotations

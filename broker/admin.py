@@ -136,7 +136,7 @@ class PeriodicMessageForm(forms.ModelForm):  # type: ignore[type-arg]
 @admin.register(PeriodicMessage)
 class PeriodicMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Created through the API (the payload is bytes); here: view, change the schedule, enable
-    and disable. A change of the schedule or of `enabled` moves the next run (SPEC §6.9)."""
+    and disable. A change of the schedule or of `enabled` moves the next run (docs/periodic.md)."""
 
     form = PeriodicMessageForm
     list_display = [

@@ -36,8 +36,9 @@ def check_production_database(app_configs: Any, **kwargs: Any) -> list[CheckMess
 
 @register()
 def check_payload_storage(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
-    """Offloading large payloads (SPEC §6.7) needs the storage that BROKER_PAYLOAD_STORAGE names;
-    without it every large publish would fail, so say so at start-up instead."""
+    """Offloading large payloads (docs/delivery.md, "Large payloads") needs the storage that
+    BROKER_PAYLOAD_STORAGE names; without it every large publish would fail, so say so at start-up
+    instead."""
     name = broker_settings.BROKER_PAYLOAD_STORAGE
     if name not in settings.STORAGES:
         return [

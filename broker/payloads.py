@@ -1,4 +1,5 @@
-"""Offloaded payloads (SPEC §6.7): the one place that talks to the payload storage.
+"""Offloaded payloads (docs/delivery.md, "Large payloads"): the one place that talks to the payload
+storage.
 
 Payloads above BROKER_PAYLOAD_OFFLOAD_BYTES are kept as files in `STORAGES[BROKER_PAYLOAD_STORAGE]`
 (any Django storage: the filesystem by default, S3-compatible through django-storages) and the

@@ -1,4 +1,4 @@
-"""Periodic messages (SPEC §6.9): when a schedule ticks, and publishing its due ticks.
+"""Periodic messages (docs/periodic.md): when a schedule ticks, and publishing its due ticks.
 
 A schedule is an interval (`interval_seconds`) or a 5-field cron expression evaluated in an IANA
 time zone. The dispatcher calls `run_due_ticks()` about twice a second; every due schedule is

@@ -1,5 +1,5 @@
-"""Creating, changing and deleting periodic messages (SPEC §6.9): the one implementation behind
-the REST API (broker/api/periodic.py) and the operator UI (broker/ui/periodic_pages.py).
+"""Creating, changing and deleting periodic messages (docs/periodic.md): the one implementation
+behind the REST API (broker/api/periodic.py) and the operator UI (broker/ui/periodic_pages.py).
 
 A change arrives as the fields of `PeriodicMessageForm` (the API's form field names); the UI
 builds the same dict from its HTML form, so both go through the same validation, the same

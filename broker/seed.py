@@ -1,4 +1,4 @@
-"""Seed configuration in webhook-broker's INI format (SPEC §6.11).
+"""Seed configuration in webhook-broker's INI format (docs/data-model.md, "Seed files").
 
     [initial-channels]          channel-id = Channel name
     [initial-channel-tokens]    channel-id = token

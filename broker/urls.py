@@ -1,4 +1,5 @@
-"""Routes: webhook-broker's REST paths (SPEC §4), the schema and docs, health, the admin, the UI."""
+"""Routes: webhook-broker's REST paths (docs/api.md), the schema and docs, health, the admin, the
+UI."""
 
 from __future__ import annotations
 

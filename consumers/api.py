@@ -1,4 +1,4 @@
-"""Consumer management: list, read, create-or-update, delete (SPEC §4)."""
+"""Consumer management: list, read, create-or-update, delete (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class ConsumerSerializer(StakeholderSerializer):
     CallbackURL = serializers.CharField(source="callback_url")
     DeadLetterQueueURL = serializers.SerializerMethodField()
     Type = serializers.CharField(source="type")
-    # Extensions (SPEC §4); webhook-broker clients ignore unknown fields.
+    # Extensions (docs/api.md); webhook-broker clients ignore unknown fields.
     Paused = serializers.BooleanField(source="paused")
     Ordering = serializers.CharField(source="ordering")
     RetryDelays = serializers.ListField(
@@ -51,7 +51,8 @@ class ConsumerSerializer(StakeholderSerializer):
     MaxInFlight = serializers.IntegerField(source="max_in_flight", allow_null=True)
     # Seconds a push job may wait undelivered before it expires; null: BROKER_MAX_JOB_AGE_SECONDS.
     MaxJobAge = serializers.IntegerField(source="max_job_age", allow_null=True)
-    # The circuit breaker (SPEC §6.4), as the dispatcher left it; changed only by …/circuit/close.
+    # The circuit breaker (docs/delivery.md, "Circuit breaker"), as the dispatcher left it; changed
+    # only by …/circuit/close.
     CircuitState = serializers.SerializerMethodField()
     CircuitOpenUntil = serializers.DateTimeField(
         source="circuit_open_until", allow_null=True, read_only=True
@@ -178,7 +179,8 @@ class ResumeConsumerView(PauseConsumerView):
 
 
 class CloseCircuitView(ConsumerServiceView):
-    """Close the consumer's circuit now (SPEC §6.4): delivery resumes with the next claim.
+    """Close the consumer's circuit now (docs/delivery.md, "Circuit breaker"): delivery resumes with
+    the next claim.
 
     Resets ConsecutiveFailures and the cooldown; ChangedAt does not move, as for every circuit
     change (they are delivery activity, not settings). A closed circuit stays closed.
@@ -210,7 +212,8 @@ class SigningSecretSerializer(serializers.Serializer[Any]):
 
 
 class SigningSecretView(ConsumerServiceView):
-    """A consumer's Standard Webhooks signing secret (SPEC §6.5), kept out of the consumer JSON."""
+    """A consumer's Standard Webhooks signing secret (docs/delivery.md, "Signing"), kept out of the
+    consumer JSON."""
 
     @extend_schema(
         description="The current signing secret.", responses={200: SigningSecretSerializer}

@@ -1,4 +1,5 @@
-"""Consumers of a channel: where and how its messages are delivered (SPEC §3, §4)."""
+"""Consumers of a channel: where and how its messages are delivered (docs/data-model.md;
+docs/api.md)."""
 
 from __future__ import annotations
 
@@ -52,13 +53,14 @@ class Consumer(ChangeTracked):
     # BROKER_MAX_JOB_AGE_SECONDS, 0 no limit.
     max_job_age = models.PositiveIntegerField(null=True, blank=True)
     # Standard Webhooks signing secret ("whsec_" + base64). After a rotation the previous one
-    # keeps signing alongside it until previous_secret_expires_at (SPEC §6.5).
+    # keeps signing alongside it until previous_secret_expires_at (docs/delivery.md, "Signing").
     signing_secret = EncryptedTextField(default=generate_signing_secret)
     previous_signing_secret = EncryptedTextField(null=True, blank=True)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
-    # Circuit breaker (SPEC §6.4): failed attempts in a row; while `circuit_open_until` is in the
-    # future nothing is claimed for this consumer; once it has passed, one probe is. Changed by
-    # the dispatcher without touching changed_at (delivery activity is not a change of settings).
+    # Circuit breaker (docs/delivery.md, "Circuit breaker"): failed attempts in a row; while
+    # `circuit_open_until` is in the future nothing is claimed for this consumer; once it has
+    # passed, one probe is. Changed by the dispatcher without touching changed_at (delivery activity
+    # is not a change of settings).
     circuit_failures = models.PositiveIntegerField(default=0)
     circuit_open_until = models.DateTimeField(null=True, blank=True)
     circuit_cooldown_seconds = models.PositiveIntegerField(default=0)  # the last one used

@@ -1,4 +1,4 @@
-"""The outbound-address guard: callbacks may only reach public addresses (SPEC §9).
+"""The outbound-address guard: callbacks may only reach public addresses (docs/reliability.md).
 
 Unless `BROKER_ALLOW_PRIVATE_CALLBACKS` is true, a callback URL whose host is, or resolves to,
 anything but a public unicast address is refused: private, loopback, link-local (and so the
@@ -19,8 +19,8 @@ Two moments are guarded:
   addresses its resolver returned, so the check and the connection use one resolution: DNS is
   pinned per request and a rebinding name cannot slip a private address in between. aiohttp does
   not consult its resolver for IP literals, so the dispatcher also calls `check_delivery_url`
-  before each request (no DNS involved). Redirects must not be followed (SPEC §5), and the
-  session must not use an environment proxy (`trust_env` stays false): a proxy resolves names
+  before each request (no DNS involved). Redirects must not be followed (docs/dispatcher.md), and
+  the session must not use an environment proxy (`trust_env` stays false): a proxy resolves names
   itself, out of the guard's sight.
 
 Delivery-time refusals raise `UnsafeDeliveryAddress`, which is both an `UnsafeCallback` and an

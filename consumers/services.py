@@ -55,7 +55,7 @@ class ConsumerNotFound(LookupError):
         super().__init__(f"No consumer {consumer_id!r} in channel {channel_id!r}.")
 
 
-# Validation of the settings (SPEC §4 extensions, §9 callback safety)
+# Validation of the settings (docs/api.md extensions, docs/reliability.md callback safety)
 
 
 def validated(validator: Callable[[str], T], value: str) -> T:
@@ -178,8 +178,8 @@ def apply_settings(consumer: Consumer, form: dict[str, Any]) -> None:
 
 
 def set_paused(consumer: Consumer, paused: bool) -> None:
-    """Pause or resume delivery (SPEC §6.6); callers lock the consumer's row first, so that
-    ChangedAt moves past the latest change.
+    """Pause or resume delivery (docs/delivery.md, "Pause"); callers lock the consumer's row first,
+    so that ChangedAt moves past the latest change.
 
     Saving moves ChangedAt, so dispatchers reload the consumer; a request that changes nothing
     (pausing a paused consumer) saves nothing and keeps Last-Modified valid for clients.
@@ -213,7 +213,7 @@ def pause_consumer(channel_id: str, consumer_id: str, paused: bool) -> Consumer:
 
 
 def close_circuit(channel_id: str, consumer_id: str) -> Consumer:
-    """Close the consumer's circuit now (SPEC §6.4) and return it."""
+    """Close the consumer's circuit now (docs/delivery.md, "Circuit breaker") and return it."""
     consumer = find_consumer(channel_id, consumer_id)
     consumer.close_circuit()
     return consumer

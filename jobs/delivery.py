@@ -1,4 +1,5 @@
-"""The one place the broker sends webhooks: a POST with a timeout and no redirects (SPEC §5)."""
+"""The one place the broker sends webhooks: a POST with a timeout and no redirects
+(docs/dispatcher.md)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ REQUEST_ERROR = "request-error"
 
 @dataclass(frozen=True)
 class StoredBody:
-    """An offloaded payload (SPEC §6.7): opened, signed and streamed from storage when sent."""
+    """An offloaded payload (docs/delivery.md, "Large payloads"): opened, signed and streamed from
+    storage when sent."""
 
     name: str  # in the payload storage
     # Makes the Standard Webhooks headers from the payload's chunks and the time of signing

@@ -1,4 +1,4 @@
-"""Housekeeping tasks, run as django-q2 schedules (SPEC §6.10; docs/housekeeping.md).
+"""Housekeeping tasks, run as django-q2 schedules (docs/housekeeping.md).
 
 Each task is a plain function that django-q2 calls by its dotted name; `install_schedules`
 (`manage.py install_schedules`) creates their schedules. They are safe to run at any time, by
@@ -51,5 +51,6 @@ def purge_delivered(days: int | None = None) -> int:
 
 
 def purge_orphan_payloads(hours: int = 24) -> int:
-    """Delete offloaded payload files that no message names (SPEC §6.7), written `hours` ago."""
+    """Delete offloaded payload files that no message names (docs/delivery.md, "Large payloads"),
+    written `hours` ago."""
     return Message.purge_orphan_payloads(timedelta(hours=hours))

@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC §4 /metrics, issue 4).
+"""Prometheus metrics (docs/api.md /metrics, issue 4).
 
 Two sources, because deliveries happen in dispatcher processes and the API in web processes:
 - each dispatcher counts its own deliveries and times them, served on its `--metrics-port`;

@@ -1,4 +1,5 @@
-"""What a delivery attempt means for its job: delivered, retried later, or dead (SPEC §5)."""
+"""What a delivery attempt means for its job: delivered, retried later, or dead
+(docs/dispatcher.md)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from broker.payloads import PAYLOAD_MISSING
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 
-# Only unavailability counts towards a consumer's circuit (SPEC §6.4, §12): no answer at all
-# (refused, reset, timed out, or a callback host that resolves to no address we may call), a 5xx,
-# or a status that says "not now". Any other answer, a 404 say, is the consumer's decision: it
-# uses attempts like any failure and never hides the consumer behind an open circuit. Failures
-# that are not the consumer's doing (cut off at shutdown, payload storage, a request-error) do
-# not count either.
+# Only unavailability counts towards a consumer's circuit (docs/delivery.md, "Circuit breaker"): no
+# answer at all (refused, reset, timed out, or a callback host that resolves to no address we may
+# call), a 5xx, or a status that says "not now". Any other answer, a 404 say, is the consumer's
+# decision: it uses attempts like any failure and never hides the consumer behind an open circuit.
+# Failures that are not the consumer's doing (cut off at shutdown, payload storage, a request-error)
+# do not count either.
 UNAVAILABLE_ERROR_CLASSES = frozenset({"timeout", "connection", "unsafe-callback"})
 UNAVAILABLE_STATUSES = frozenset({408, 429})
 
@@ -44,7 +45,8 @@ def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
     if result.succeeded:
         return Outcome(Verdict.DELIVERED)
     if result.error_class == PAYLOAD_MISSING:
-        # Nothing to send, ever: dead at once (SPEC §6.7), and not the consumer's doing.
+        # Nothing to send, ever: dead at once (docs/delivery.md, "Large payloads"), and not the
+        # consumer's doing.
         return Outcome(Verdict.DEAD, result.error)
     if result.status_code == 410:
         return Outcome(Verdict.DEAD, "HTTP 410 Gone: consumer paused", pause_consumer=True)

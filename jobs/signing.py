@@ -1,4 +1,5 @@
-"""Standard Webhooks signatures for push deliveries (SPEC §5, §6.5): the one place signing lives.
+"""Standard Webhooks signatures for push deliveries (docs/dispatcher.md; docs/delivery.md,
+"Signing"): the one place signing lives.
 
 A consumer's secret is "whsec_" + base64 of the HMAC key. Each delivery carries `webhook-id`,
 `webhook-timestamp` (unix seconds) and `webhook-signature`: space-separated `v1,<base64 HMAC-SHA256
@@ -74,8 +75,9 @@ def signature_headers(
 def chunked_signature_headers(
     consumer: Consumer, webhook_id: str, chunks: Iterable[bytes], now: datetime
 ) -> dict[str, str]:
-    """`signature_headers` for a payload read chunk by chunk (an offloaded one, SPEC §6.7): the
-    same HMACs, fed as the chunks come, so the payload is never in memory whole."""
+    """`signature_headers` for a payload read chunk by chunk (an offloaded one, docs/delivery.md,
+    "Large payloads"): the same HMACs, fed as the chunks come, so the payload is never in memory
+    whole."""
     timestamp = int(now.timestamp())
     signed_prefix = f"{webhook_id}.{timestamp}.".encode()
     macs = [

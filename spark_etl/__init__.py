@@ -1,4 +1,4 @@
-"""Delivery analytics and archival on PySpark (SPEC §8). Importable without Django.
+"""Delivery analytics and archival on PySpark (docs/spark_etl.md). Importable without Django.
 
 PySpark is an optional part of the broker: a broker without it runs, and spark_etl says how to
 install it.

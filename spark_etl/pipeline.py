@@ -1,4 +1,5 @@
-"""The two jobs: `report` (delivery analytics) and `archive` (Parquet, then delete), SPEC §8.
+"""The two jobs: `report` (delivery analytics) and `archive` (Parquet, then delete),
+docs/spark_etl.md.
 
 Both take a SparkSession and an EtlConfig; `__main__` and the manage.py wrapper build those.
 """

@@ -1,4 +1,4 @@
-"""Shared parts of the end-to-end UI tests in headless Chromium (SPEC §7).
+"""Shared parts of the end-to-end UI tests in headless Chromium (docs/ui.md).
 
 Playwright drives Debian's /usr/bin/chromium (never a downloaded browser); the `page` fixture is
 in tests/conftest.py. Set UI_SCREENSHOTS=1 to refresh the screenshots in docs/screenshots/.

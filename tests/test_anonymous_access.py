@@ -1,4 +1,5 @@
-"""Nothing but `/_status` answers a caller without credentials (SPEC §4, §9; issue 9).
+"""Nothing but `/_status` answers a caller without credentials (docs/api.md; docs/reliability.md;
+issue 9).
 
 The operations come from the OpenAPI schema the broker serves, so an endpoint added later is
 covered without editing this file. Every operation is called with existing IDs (so a refusal

@@ -1,4 +1,4 @@
-"""Admin authentication of the API (SPEC §4): tokens, API keys, staff sessions, open mode."""
+"""Admin authentication of the API (docs/api.md): tokens, API keys, staff sessions, open mode."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /channel/{c}/broadcast: every header and error code of SPEC §4."""
+"""POST /channel/{c}/broadcast: every header and error code of docs/api.md."""
 
 from __future__ import annotations
 

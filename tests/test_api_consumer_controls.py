@@ -1,5 +1,6 @@
-"""Pausing, resuming and closing the circuit of a consumer (SPEC §4 extensions, §6.4, §6.6): the
-admin endpoints, the consumer's JSON, what a paused pull consumer is handed, the admin actions."""
+"""Pausing, resuming and closing the circuit of a consumer (docs/api.md extensions,
+docs/delivery.md, "Circuit breaker"): the admin endpoints, the consumer's JSON, what a paused pull
+consumer is handed, the admin actions."""
 
 from __future__ import annotations
 

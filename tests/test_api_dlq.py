@@ -1,5 +1,5 @@
-"""A consumer's dead-letter queue over REST (SPEC §4): list, requeue (all or since T), purge, and
-the /dlq-status and /job-status summaries."""
+"""A consumer's dead-letter queue over REST (docs/api.md): list, requeue (all or since T), purge,
+and the /dlq-status and /job-status summaries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Schema-driven fuzzing of the REST API (SPEC §9): no 5xx, and answers that match /api/schema/.
+"""Schema-driven fuzzing of the REST API (docs/reliability.md): no 5xx, and answers that match
+/api/schema/.
 
 schemathesis reads the schema the app serves and, for every operation, sends generated requests
 (its coverage cases plus valid and invalid random ones) through the WSGI app in process, against

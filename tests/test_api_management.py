@@ -1,4 +1,4 @@
-"""Producers, channels and consumers over the REST API (SPEC §4)."""
+"""Producers, channels and consumers over the REST API (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading messages over the API: one with its jobs, lists by status, counts (SPEC §4)."""
+"""Reading messages over the API: one with its jobs, lists by status, counts (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Pull consumers over REST (SPEC §3, §4, §10): queued-jobs, a job's reads and transitions,
-requeue and delete of a dead job, lease expiry and the claim extension."""
+"""Pull consumers over REST (docs/data-model.md; docs/api.md; docs/configuration.md): queued-jobs, a
+job's reads and transitions, requeue and delete of a dead job, lease expiry and the claim
+extension."""
 
 from __future__ import annotations
 

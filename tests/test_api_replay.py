@@ -1,4 +1,4 @@
-"""POST /channel/{c}/message/{m}/replay: deliver an already delivered message again (SPEC §4).
+"""POST /channel/{c}/message/{m}/replay: deliver an already delivered message again (docs/api.md).
 
 Against real PostgreSQL and the loopback receiver: the dispatcher really delivers a replayed job
 a second time, and an ordered consumer still gets one message of a key at a time.

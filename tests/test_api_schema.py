@@ -1,4 +1,4 @@
-"""The OpenAPI schema is generated from the code and served with browsable docs (SPEC §4)."""
+"""The OpenAPI schema is generated from the code and served with browsable docs (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The circuit breaker (SPEC §6.4): a consumer that is down uses no attempts while it is open."""
+"""The circuit breaker (docs/delivery.md, "Circuit breaker"): a consumer that is down uses no
+attempts while it is open."""
 
 from __future__ import annotations
 

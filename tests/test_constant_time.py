@@ -1,4 +1,4 @@
-"""Every token and secret comparison is constant-time (SPEC §4, §9).
+"""Every token and secret comparison is constant-time (docs/api.md; docs/reliability.md).
 
 Two guards: a scan of the source that fails on any `==`, `!=` or `in` whose operands name a
 token, secret, signature, password, digest or hash (comparisons that return at the first

@@ -1,4 +1,4 @@
-"""PostgreSQL stopped under a running API (SPEC §9; issue 9): 503 with a JSON error and
+"""PostgreSQL stopped under a running API (docs/reliability.md; issue 9): 503 with a JSON error and
 Retry-After, `/_status` unhealthy, never a traceback; the same process recovers by itself.
 
 The API runs under gunicorn (tests/api_server.py) on the test database; the test stops the

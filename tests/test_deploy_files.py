@@ -111,7 +111,7 @@ def test_the_build_context_leaves_out_everything_but_what_the_build_reads():
         "requirements-otel.txt",
         "pyproject.toml",
         "README.md",
-        # The package's folders (SPEC §2's layout; broker/templates and broker/static link to
+        # The package's folders (README.md, "Layout"; broker/templates and broker/static link to
         # templates/ and static/).
         "broker",
         "consumers",

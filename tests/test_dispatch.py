@@ -1,4 +1,5 @@
-"""The push dispatcher, one step at a time, against a real receiver on loopback (SPEC §5)."""
+"""The push dispatcher, one step at a time, against a real receiver on loopback
+(docs/dispatcher.md)."""
 
 from __future__ import annotations
 

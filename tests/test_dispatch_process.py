@@ -1,4 +1,5 @@
-"""`manage.py dispatch` as a real process: delivers, wakes on NOTIFY, stops cleanly (SPEC §5)."""
+"""`manage.py dispatch` as a real process: delivers, wakes on NOTIFY, stops cleanly
+(docs/dispatcher.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Housekeeping on django-q2 (SPEC §6.10): retention, the schedules, failures in the admin."""
+"""Housekeeping on django-q2 (docs/housekeeping.md): retention, the schedules, failures in the
+admin."""
 
 from __future__ import annotations
 

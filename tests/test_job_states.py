@@ -1,4 +1,5 @@
-"""The job state machine of SPEC §3: every allowed and forbidden transition, and races."""
+"""The job state machine of docs/data-model.md: every allowed and forbidden transition, and
+races."""
 
 from __future__ import annotations
 

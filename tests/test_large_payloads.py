@@ -1,5 +1,6 @@
-"""Large payloads (SPEC §6.7): offloaded to storage, delivered and pulled byte for byte, deleted
-with their message; a missing file makes the job DEAD without a request; 413 above the maximum."""
+"""Large payloads (docs/delivery.md, "Large payloads"): offloaded to storage, delivered and pulled
+byte for byte, deleted with their message; a missing file makes the job DEAD without a request; 413
+above the maximum."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Ordered consumers: one key's messages one at a time, in publish order (SPEC §6.3)."""
+"""Ordered consumers: one key's messages one at a time, in publish order (docs/delivery.md,
+"Ordering")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The transactional outbox (SPEC §6.2, docs/outbox.md): publish() joins the caller's transaction.
+"""The transactional outbox (docs/outbox.md): publish() joins the caller's transaction.
 
 In process, against a table the broker knows nothing about; then the example host project of
 docs/examples/outbox_host, which installs the broker's apps, as real processes on a database of

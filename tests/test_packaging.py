@@ -26,8 +26,8 @@ def metadata(installed) -> str:
 def test_the_wheel_installs_one_top_level_package_with_its_templates_and_static_files(
     installed_broker,
 ):
-    # The top-level folders are the contract's layout (SPEC §2); the operator UI, an addition to
-    # it, lives in broker.ui rather than under a name as generic as `ui`.
+    # The top-level folders are the project's layout (README.md, "Layout"); the operator UI, an
+    # addition to it, lives in broker.ui rather than under a name as generic as `ui`.
     assert installed_broker.top_level_names() == {"broker", "consumers", "jobs", "spark_etl"}
     files = installed_broker.files()
     assert "broker/templates/ui/base.html" in files

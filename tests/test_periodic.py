@@ -1,4 +1,4 @@
-"""Periodic messages (SPEC §6.9): tick times, the REST API, publishing ticks, the admin."""
+"""Periodic messages (docs/periodic.md): tick times, the REST API, publishing ticks, the admin."""
 
 from __future__ import annotations
 

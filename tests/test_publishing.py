@@ -1,4 +1,5 @@
-"""The publish service: validation, fan-out, atomicity, duplicates, the outbox (SPEC §3, §6.2)."""
+"""The publish service: validation, fan-out, atomicity, duplicates, the outbox (docs/data-model.md;
+docs/outbox.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Scheduled messages (SPEC §6.8): the header, the release, cancel, and the API that shows them."""
+"""Scheduled messages (docs/scheduled.md): the header, the release, cancel, and the API that shows
+them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tokens are hashed, consumer secrets encrypted, and keys can rotate (SPEC §4, §6.5)."""
+"""Tokens are hashed, consumer secrets encrypted, and keys can rotate (docs/api.md;
+docs/delivery.md, "Signing")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tokens and secrets never appear in logs or responses, except the response that sets them
-(SPEC §4, §9; issue 9).
+(docs/api.md; docs/reliability.md; issue 9).
 
 One representative session: create a channel, a producer and two consumers with tokens and an
 imported signing secret, broadcast, pull, fail authentication in every way, use and revoke an API

@@ -1,4 +1,4 @@
-"""`manage.py load_seed` for webhook-broker's INI seed format (SPEC §6.11)."""
+"""`manage.py load_seed` for webhook-broker's INI seed format (docs/data-model.md, "Seed files")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Configuration from the environment fails loudly on bad values (SPEC §10)."""
+"""Configuration from the environment fails loudly on bad values (docs/configuration.md)."""
 
 from __future__ import annotations
 

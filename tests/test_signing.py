@@ -1,4 +1,5 @@
-"""Standard Webhooks signing, secret rotation and the secret endpoints (SPEC §4, §6.5)."""
+"""Standard Webhooks signing, secret rotation and the secret endpoints (docs/api.md;
+docs/delivery.md, "Signing")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Operator UI end to end in headless Chromium: log in, find a dead job, requeue it, and see the
-dispatcher deliver it to a real receiver (SPEC §7).
+dispatcher deliver it to a real receiver (docs/ui.md).
 
 Playwright drives Debian's /usr/bin/chromium (never a downloaded browser). Set UI_SCREENSHOTS=1
 to refresh the screenshots in docs/screenshots/.

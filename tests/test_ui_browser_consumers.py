@@ -1,5 +1,5 @@
 """Consumer pages end to end in headless Chromium: log in, open the list and a consumer, pause
-and resume it, send a test event to a real receiver and see its answer (SPEC §7).
+and resume it, send a test event to a real receiver and see its answer (docs/ui.md).
 
 Set UI_SCREENSHOTS=1 to refresh docs/screenshots/consumers.png and consumer.png.
 """

@@ -1,6 +1,6 @@
 """The dashboard end to end in headless Chromium: real deliveries to a loopback receiver, counted
 by the statistics refresh, shown per consumer with an open circuit, a paused consumer and the
-charts (SPEC §7, issue 7). UI_SCREENSHOTS=1 refreshes docs/screenshots/dashboard.png."""
+charts (docs/ui.md, issue 7). UI_SCREENSHOTS=1 refreshes docs/screenshots/dashboard.png."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Message search and replay end to end in headless Chromium (SPEC §7): find a delivered message
+"""Message search and replay end to end in headless Chromium (docs/ui.md): find a delivered message
 by its ID, see its jobs and attempts, replay it to one consumer, and see the dispatcher deliver
 it again to a real receiver.
 

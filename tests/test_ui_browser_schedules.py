@@ -1,4 +1,4 @@
-"""Scheduled and periodic message pages end to end in headless Chromium (SPEC §7): create a
+"""Scheduled and periodic message pages end to end in headless Chromium (docs/ui.md): create a
 periodic message, disable and re-enable it; schedule a message and cancel it.
 
 Set UI_SCREENSHOTS=1 to refresh docs/screenshots/periodic.png and scheduled.png.

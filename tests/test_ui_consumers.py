@@ -1,4 +1,5 @@
-"""Operator UI: the consumer pages, through Django's test client (SPEC §6.4 to §6.6, §7)."""
+"""Operator UI: the consumer pages, through Django's test client (docs/delivery.md, "Circuit
+breaker"; docs/ui.md)."""
 
 from __future__ import annotations
 

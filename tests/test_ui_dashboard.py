@@ -1,4 +1,4 @@
-"""The dashboard at /ui/ through Django's test client, and its SVG charts (SPEC §7, issue 7)."""
+"""The dashboard at /ui/ through Django's test client, and its SVG charts (docs/ui.md, issue 7)."""
 
 from __future__ import annotations
 

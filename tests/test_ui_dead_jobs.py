@@ -1,4 +1,4 @@
-"""Operator UI: the dead jobs list and the job page, through Django's test client (SPEC §7)."""
+"""Operator UI: the dead jobs list and the job page, through Django's test client (docs/ui.md)."""
 
 from __future__ import annotations
 

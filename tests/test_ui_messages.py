@@ -1,4 +1,5 @@
-"""Operator UI: message search, the message page, replay, through Django's test client (SPEC §7)."""
+"""Operator UI: message search, the message page, replay, through Django's test client
+(docs/ui.md)."""
 
 from __future__ import annotations
 

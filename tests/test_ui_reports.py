@@ -1,5 +1,5 @@
-"""Operator UI: the reports page over the `spark_etl report` table (SPEC §7, §8), through Django's
-test client and in headless Chromium."""
+"""Operator UI: the reports page over the `spark_etl report` table (docs/ui.md; docs/spark_etl.md),
+through Django's test client and in headless Chromium."""
 
 from __future__ import annotations
 

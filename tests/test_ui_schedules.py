@@ -1,6 +1,6 @@
-"""Operator UI: scheduled and periodic message pages, through Django's test client (SPEC §7,
-§6.8, §6.9). The UI writes through the same services as the REST API, so several tests do the
-same thing over both and compare the outcome."""
+"""Operator UI: scheduled and periodic message pages, through Django's test client (docs/ui.md,
+docs/scheduled.md; docs/periodic.md). The UI writes through the same services as the REST API, so
+several tests do the same thing over both and compare the outcome."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""REST API infrastructure shared by the broker, consumers and jobs apps (SPEC §4)."""
+"""REST API infrastructure shared by the broker, consumers and jobs apps (docs/api.md)."""

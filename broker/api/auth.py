@@ -1,4 +1,4 @@
-"""Who may call what (SPEC §4).
+"""Who may call what (docs/api.md).
 
 Management endpoints need an admin: a bearer token from BROKER_ADMIN_TOKENS, an API key created
 with `manage.py create_api_key`, or a logged-in staff user with the permission

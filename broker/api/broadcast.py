@@ -1,4 +1,4 @@
-"""POST /channel/{c}/broadcast: publish a message over HTTP (SPEC §4)."""
+"""POST /channel/{c}/broadcast: publish a message over HTTP (docs/api.md)."""
 
 from __future__ import annotations
 

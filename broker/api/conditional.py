@@ -1,4 +1,5 @@
-"""Optimistic concurrency for management writes: Last-Modified and If-Unmodified-Since (SPEC §4).
+"""Optimistic concurrency for management writes: Last-Modified and If-Unmodified-Since
+(docs/api.md).
 
 Updating or deleting an existing resource requires `If-Unmodified-Since` equal to the resource's
 `Last-Modified` (HTTP date, second precision): 400 when it is missing, 412 when it differs, so a

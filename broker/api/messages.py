@@ -1,6 +1,6 @@
-"""Reading messages: one with its jobs, a channel's list by status, counts; replay (SPEC §4).
+"""Reading messages: one with its jobs, a channel's list by status, counts; replay (docs/api.md).
 
-Scheduled messages not released yet (status SCHEDULED, SPEC §6.8) are messages without jobs:
+Scheduled messages not released yet (status SCHEDULED, docs/scheduled.md) are messages without jobs:
 readable here, listed only when asked for with `?status=SCHEDULED`, and counted under
 webhook-broker's `SCHEDULED_*` keys by messages-status (docs/scheduled.md).
 """

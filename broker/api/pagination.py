@@ -1,4 +1,4 @@
-"""Keyset ("cursor") pagination in webhook-broker's shape (SPEC §4).
+"""Keyset ("cursor") pagination in webhook-broker's shape (docs/api.md).
 
 Lists are newest first, 25 items a page. `?next=` continues with older items and `?previous=` with
 newer ones. Cursors are signed: a tampered cursor is a 400, never a query on arbitrary values.

@@ -1,4 +1,5 @@
-"""Periodic messages over the API (SPEC §6.9): list, create, read, create-or-update, delete."""
+"""Periodic messages over the API (docs/periodic.md): list, create, read, create-or-update,
+delete."""
 
 from __future__ import annotations
 

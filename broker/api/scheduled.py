@@ -1,4 +1,4 @@
-"""Scheduled messages over the API: list, read, cancel (SPEC §4, §6.8).
+"""Scheduled messages over the API: list, read, cancel (docs/api.md; docs/scheduled.md).
 
 The JSON is webhook-broker's, lower-case field names included: `{"result": [...], "pages": ...}`
 for the list, `id`, `messageId`, `dispatchSchedule`, ... for one message. Cancelling is our

@@ -1,4 +1,4 @@
-"""JSON shapes shared by the API (webhook-broker's PascalCase field names, SPEC §4)."""
+"""JSON shapes shared by the API (webhook-broker's PascalCase field names, docs/api.md)."""
 
 from __future__ import annotations
 
@@ -83,9 +83,9 @@ def encode_payload(payload: bytes | memoryview) -> tuple[str, str]:
 class PayloadFieldsMixin(serializers.Serializer[Any]):
     """`Payload` and `PayloadEncoding` ("utf-8" or "base64"): binary payloads survive JSON.
 
-    An offloaded payload (SPEC §6.7) is read from storage. One whose file is gone is shown as
-    null, with `PayloadError: "payload-missing"`: the rest of the message (or of the list of jobs)
-    is still worth having, so this is not an error status for the whole response.
+    An offloaded payload (docs/delivery.md, "Large payloads") is read from storage. One whose file
+    is gone is shown as null, with `PayloadError: "payload-missing"`: the rest of the message (or of
+    the list of jobs) is still worth having, so this is not an error status for the whole response.
     """
 
     Payload = serializers.SerializerMethodField()

@@ -1,4 +1,4 @@
-"""Producers and channels: paginated lists, read, create-or-update (SPEC §4)."""
+"""Producers and channels: paginated lists, read, create-or-update (docs/api.md)."""
 
 from __future__ import annotations
 

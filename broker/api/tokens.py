@@ -1,4 +1,4 @@
-"""Checks of the resources' own tokens (broadcast, pull and DLQ endpoints, SPEC §4).
+"""Checks of the resources' own tokens (broadcast, pull and DLQ endpoints, docs/api.md).
 
 A missing token is 401, a wrong one 403; every comparison is constant-time.
 """

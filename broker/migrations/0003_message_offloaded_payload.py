@@ -1,5 +1,6 @@
-# Offloaded payloads (SPEC §6.7): the storage name of a payload kept outside the row, and every
-# payload's size. Existing messages all have their payload in the row: their size is its length.
+# Offloaded payloads (docs/delivery.md, "Large payloads"): the storage name of a payload kept
+# outside the row, and every payload's size. Existing messages all have their payload in the row:
+# their size is its length.
 
 from django.db import migrations, models
 from django.db.models.functions import Length

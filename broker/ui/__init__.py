@@ -1,1 +1,2 @@
-"""The operator UI (SPEC §7): server-rendered pages under /ui/, behind the admin's staff login."""
+"""The operator UI (docs/ui.md): server-rendered pages under /ui/, behind the admin's staff
+login."""

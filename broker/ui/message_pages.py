@@ -1,4 +1,4 @@
-"""Message search by ID, a message with every job and attempt, and replay (SPEC §7).
+"""Message search by ID, a message with every job and attempt, and replay (docs/ui.md).
 
 Replay goes through `broker.replay.replay`, the service behind the REST API's
 `POST /channel/{c}/message/{m}/replay`: the UI has no rules of its own about what may be replayed.

@@ -1,4 +1,4 @@
-"""Periodic messages: list, create, edit, enable/disable, delete (SPEC §6.9).
+"""Periodic messages: list, create, edit, enable/disable, delete (docs/periodic.md).
 
 The HTML forms use the REST API's form field names, and every write goes through
 broker/periodic_edits.py, as the API's do: the same validation (`PeriodicMessageForm`,

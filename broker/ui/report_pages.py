@@ -1,4 +1,4 @@
-"""The reports page (/ui/reports): charts and tables of the `spark_etl report` (SPEC §8).
+"""The reports page (/ui/reports): charts and tables of the `spark_etl report` (docs/spark_etl.md).
 
 Read-only. Three queries whatever the size of the report table, each bounded by the period range
 (at most MAX_PERIODS periods) through the (grain, period_start) index.

@@ -1,5 +1,5 @@
-"""Scheduled messages: list, read, create and cancel (SPEC §6.8). The periodic message pages are
-in broker/ui/periodic_pages.py; both are routed from here.
+"""Scheduled messages: list, read, create and cancel (docs/scheduled.md). The periodic message pages
+are in broker/ui/periodic_pages.py; both are routed from here.
 
 Writes go through the services the REST API uses: creating is `publish(..., scheduled_for=...)`
 after the broadcast header's minimum-delay rule (`require_min_delay`), cancelling is

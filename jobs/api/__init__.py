@@ -1,1 +1,1 @@
-"""Pull consumers, dead-letter queues and job summaries (SPEC §4)."""
+"""Pull consumers, dead-letter queues and job summaries (docs/api.md)."""

@@ -1,4 +1,4 @@
-"""A consumer's dead-letter queue: list, requeue (all or since T), purge (SPEC §4)."""
+"""A consumer's dead-letter queue: list, requeue (all or since T), purge (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""/dlq-status and /job-status: exact counts straight from the jobs table (SPEC §4).
+"""/dlq-status and /job-status: exact counts straight from the jobs table (docs/api.md).
 
 No summary counter is kept (webhook-broker's can drift): dead jobs are counted through the partial
 index on DEAD rows, which stays small.

@@ -1,4 +1,4 @@
-"""Autovacuum settings for the jobs table (PostgreSQL only; SPEC §11).
+"""Autovacuum settings for the jobs table (PostgreSQL only; docs/queue-design.md).
 
 Every job is updated at least twice (QUEUED -> INFLIGHT -> DELIVERED), and no update can be HOT
 because the status is indexed, so each delivery leaves dead row versions and dead entries in the

@@ -28,7 +28,7 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     },
 }
 
-# The spark_etl runs (SPEC §8, docs/spark_etl.md): the report, then the archive, nightly. The
+# The spark_etl runs (docs/spark_etl.md): the report, then the archive, nightly. The
 # archive runs an hour before the purge of delivered messages with the same retention, so the
 # purge finds nothing it would delete unarchived; with the archive installed the purge is only
 # the safety net for a night whose archive failed (docs/housekeeping.md).

@@ -47,7 +47,7 @@ def _read_payload(name: str) -> bytes | None:
 
 
 class Command(BaseCommand):
-    help = "Run the spark_etl pipeline: `report` (delivery analytics) or `archive` (SPEC §8)."
+    help = "Run the spark_etl pipeline: `report` (delivery analytics) or `archive` (to Parquet)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("job", choices=["report", "archive"])
