@@ -1,4 +1,4 @@
-"""Core domain: producers, channels and messages (SPEC §3)."""
+"""Core domain: producers, channels and messages (docs/data-model.md)."""
 
 from __future__ import annotations
 
@@ -127,15 +127,16 @@ class Message(models.Model):
     public_id = models.CharField(max_length=255, validators=[validate_message_id])
     payload = models.BinaryField()  # empty when the payload is offloaded
     # The name of the payload's file in the payload storage, for payloads above
-    # BROKER_PAYLOAD_OFFLOAD_BYTES (SPEC §6.7); "" when the payload is in the row.
+    # BROKER_PAYLOAD_OFFLOAD_BYTES (docs/delivery.md, "Large payloads"); "" when the payload is in
+    # the row.
     payload_file = models.CharField(max_length=255, blank=True, default="")
     payload_size = models.PositiveIntegerField(default=0)  # bytes, wherever they are kept
     content_type = models.CharField(max_length=255)
     priority = models.IntegerField(default=0)
     # Metadata headers kept from the broadcast request and replayed on delivery.
     headers = models.JSONField(default=dict, blank=True)
-    # Ordered consumers get the messages of one key one at a time, in publish order (SPEC §6.3);
-    # "" is the key of every message published without one.
+    # Ordered consumers get the messages of one key one at a time, in publish order
+    # (docs/delivery.md, "Ordering"); "" is the key of every message published without one.
     ordering_key = models.CharField(max_length=255, blank=True, default="")
     status = models.CharField(max_length=12, choices=Status.choices)
     received_at = models.DateTimeField()
@@ -259,8 +260,9 @@ def delete_offloaded_payload(sender: type[Message], instance: Message, **kwargs:
 
 
 class PeriodicMessage(ChangeTracked):
-    """A message published on a schedule (SPEC §6.9): every `interval_seconds`, or at the times of
-    the cron expression `cron` in the time zone `timezone`. Each tick publishes one message."""
+    """A message published on a schedule (docs/periodic.md): every `interval_seconds`, or at the
+    times of the cron expression `cron` in the time zone `timezone`. Each tick publishes one
+    message."""
 
     channel = models.ForeignKey(
         Channel, on_delete=models.CASCADE, related_name="periodic_messages", db_index=False

@@ -1,8 +1,9 @@
 """Publishing: the single path by which messages enter the broker (REST broadcast and `publish()`).
 
 A message and one job per consumer of its channel are inserted in one transaction, so once a
-producer holds a 201 (or its own transaction commits), every consumer's job exists. Called inside
-a caller's `transaction.atomic()`, the insert joins that transaction (transactional outbox, §6.2).
+producer holds a 201 (or its own transaction commits), every consumer's job exists. Called inside a
+caller's `transaction.atomic()`, the insert joins that transaction (transactional outbox,
+docs/outbox.md).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class DuplicateMessage(PublishError):
 
 
 class ScheduleTooSoon(PublishError):
-    """A broadcast scheduled sooner than BROKER_MIN_SCHEDULE_DELAY_SECONDS from now (SPEC §6.8)."""
+    """A broadcast scheduled sooner than BROKER_MIN_SCHEDULE_DELAY_SECONDS from now
+    (docs/scheduled.md)."""
 
 
 class UnknownChannel(PublishError, LookupError):
@@ -104,19 +106,19 @@ def publish(
 
     `payload` may be bytes, text (sent as UTF-8) or a dict/list (sent as JSON); `content_type`
     defaults accordingly. Ordered consumers receive the messages of one `ordering_key` one at a
-    time, in publish order (SPEC §6.3); messages without one share a key. Raises a PublishError
-    subclass, with nothing stored, for bad input, an unknown channel or producer, or a message ID
-    the channel already has.
+    time, in publish order (docs/delivery.md, "Ordering"); messages without one share a key. Raises
+    a PublishError subclass, with nothing stored, for bad input, an unknown channel or producer, or
+    a message ID the channel already has.
 
     With `scheduled_for` (an aware datetime) the message is stored SCHEDULED, with no jobs; it is
     released (its jobs created for the consumers the channel has then) by
     `jobs.queue.release_due_messages` within about a second of that time, and can be
-    cancelled until then (SPEC §6.8, docs/scheduled.md). BROKER_MIN_SCHEDULE_DELAY_SECONDS applies
+    cancelled until then (docs/scheduled.md). BROKER_MIN_SCHEDULE_DELAY_SECONDS applies
     to the HTTP header only: a time in the past here means "at the next release".
 
-    A payload above BROKER_PAYLOAD_OFFLOAD_BYTES is written to the payload storage before the
-    row (SPEC §6.7, broker/payloads.py). If the caller's transaction then rolls back, that file
-    stays behind until `manage.py purge_orphan_payloads` removes it.
+    A payload above BROKER_PAYLOAD_OFFLOAD_BYTES is written to the payload storage before the row
+    (docs/delivery.md, "Large payloads", broker/payloads.py). If the caller's transaction then rolls
+    back, that file stays behind until `manage.py purge_orphan_payloads` removes it.
 
     `traceparent` and `tracestate` are a W3C trace context to continue (the HTTP broadcast
     passes the producer's headers); a malformed one is ignored. The message keeps the context
@@ -149,7 +151,8 @@ def publish(
             tracestate=(trace.tracestate or None) if trace else None,
         )
         if payloads.should_offload(body):
-            # Written before the row, so that a stored message always has its file (SPEC §6.7).
+            # Written before the row, so that a stored message always has its file
+            # (docs/delivery.md, "Large payloads").
             message.payload, message.payload_file = b"", payloads.store(body)
         try:
             _insert(message)

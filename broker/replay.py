@@ -1,4 +1,4 @@
-"""Replay: deliver an already delivered message again, to one consumer or to all (SPEC §4).
+"""Replay: deliver an already delivered message again, to one consumer or to all (docs/api.md).
 
 For each consumer it is asked for, the message's job is:
 - DELIVERED: moved back to QUEUED by the state machine's replay transition (one conditional
@@ -10,11 +10,11 @@ For each consumer it is asked for, the message's job is:
 - QUEUED or INFLIGHT: left alone, it is on its way already; DEAD: left alone, that is what a
   requeue is for (dead-letter queue). These are reported as skipped, with the reason.
 
-An ordered consumer's job (SPEC §6.3) is replayed only while no other job of its ordering key is
-pending (QUEUED or INFLIGHT): its id does not change, so queued again among later jobs of the key
-it would overtake them, and a dispatcher claiming one of them at that moment could deliver two of
-the key at once. While the key is busy it is skipped, with that reason; once the key is idle the
-replayed job is its only pending job.
+An ordered consumer's job (docs/delivery.md, "Ordering") is replayed only while no other job of its
+ordering key is pending (QUEUED or INFLIGHT): its id does not change, so queued again among later
+jobs of the key it would overtake them, and a dispatcher claiming one of them at that moment could
+deliver two of the key at once. While the key is busy it is skipped, with that reason; once the key
+is idle the replayed job is its only pending job.
 
 The whole replay is one transaction holding the message's row lock: two replays of one message
 cannot both create the same new job, and the jobs, the message's status and the dispatchers'

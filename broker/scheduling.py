@@ -1,4 +1,4 @@
-"""Scheduled messages (SPEC §6.8): the schedule rules and the cancel (the release is the job
+"""Scheduled messages (docs/scheduled.md): the schedule rules and the cancel (the release is the job
 queue's: `jobs.queue.release_due_messages`).
 
 A scheduled message is an ordinary Message row with status SCHEDULED, `scheduled_for` set and no

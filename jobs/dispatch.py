@@ -1,4 +1,5 @@
-"""The push dispatcher (SPEC §5): claims due jobs, delivers them concurrently, records outcomes.
+"""The push dispatcher (docs/dispatcher.md): claims due jobs, delivers them concurrently, records
+outcomes.
 
 A thin loop over small synchronous steps, each one short transaction on the job queue
 (jobs/queue): `claim`, `complete`, `release`, and the maintenance steps beside them
@@ -167,7 +168,8 @@ class Dispatcher:
         now = timezone.now()
         policies = self._policies({r.consumer_id for r in results})
         outcomes = {r.job_id: decide(r, policies[r.consumer_id], now) for r in results}
-        # Consumers that answered, and not with "unavailable": they are up (SPEC §6.4).
+        # Consumers that answered, and not with "unavailable": they are up (docs/delivery.md,
+        # "Circuit breaker").
         answered = {
             r.consumer_id
             for r in results

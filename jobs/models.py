@@ -1,4 +1,4 @@
-"""Jobs (one per message and consumer) and the record of every push attempt (SPEC §3)."""
+"""Jobs (one per message and consumer) and the record of every push attempt (docs/data-model.md)."""
 
 from __future__ import annotations
 
@@ -140,8 +140,8 @@ class Job(models.Model):
                 condition=Q(status=QUEUED),
                 name="job_consumer_due_idx",
             ),
-            # Ordered consumers (SPEC §6.3): the head of each key is its pending job with the
-            # lowest id; the claim walks the keys of a consumer through this index.
+            # Ordered consumers (docs/delivery.md, "Ordering"): the head of each key is its pending
+            # job with the lowest id; the claim walks the keys of a consumer through this index.
             models.Index(
                 fields=["consumer", "ordering_key", "id"],
                 condition=Q(status__in=[QUEUED, INFLIGHT]),
@@ -281,9 +281,9 @@ class DeliveryStats(models.Model):
 
 
 class DeliveryReport(models.Model):
-    """One figure row of the `spark_etl report` (SPEC §8): one consumer of one channel over one UTC
-    hour or day of publishing. Written only by the pipeline (spark_etl/transforms.py defines
-    the figures); the operator UI's reports page charts it."""
+    """One figure row of the `spark_etl report` (docs/spark_etl.md): one consumer of one channel
+    over one UTC hour or day of publishing. Written only by the pipeline (spark_etl/transforms.py
+    defines the figures); the operator UI's reports page charts it."""
 
     class Grain(models.TextChoices):
         HOUR = "hour"

@@ -45,8 +45,8 @@ def build_request(
 ) -> DeliveryRequest:
     """The HTTP request that delivers `message` to `consumer`, signed at `now`.
 
-    An offloaded payload (SPEC §6.7) is not read here, on the claiming thread: `deliver`
-    reads, signs and streams it when it sends the request.
+    An offloaded payload (docs/delivery.md, "Large payloads") is not read here, on the claiming
+    thread: `deliver` reads, signs and streams it when it sends the request.
     """
     stored = _stored_body(message, consumer) if message.payload_file else None
     trace = tracing.parse(message.traceparent, message.tracestate)

@@ -1,4 +1,5 @@
-"""The job state machine (SPEC §3): the one place that says which status changes are allowed."""
+"""The job state machine (docs/data-model.md): the one place that says which status changes are
+allowed."""
 
 from __future__ import annotations
 

@@ -23,24 +23,9 @@ STILL_CITING_THE_OLD_CONTRACT: frozenset[str] = frozenset(
     {
         "broker/conf.py",
         "broker/env.py",
-        "broker/models.py",
-        "broker/publishing.py",
-        "broker/replay.py",
-        "broker/scheduling.py",
         "broker/settings.py",
-        "docs/architecture.md",
         "docs/configuration.md",
-        "jobs/api/pull.py",
-        "jobs/circuit.py",
-        "jobs/dispatch.py",
-        "jobs/expiry.py",
-        "jobs/leases.py",
-        "jobs/models.py",
-        "jobs/states.py",
-        "jobs/stats.py",
-        "jobs/wakeup.py",
         "spark_etl/config.py",
-        "spark_etl/store.py",
     }
 )
 

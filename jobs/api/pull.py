@@ -1,9 +1,10 @@
-"""Pull consumers drive their jobs' state machine over REST (SPEC §4, webhook-broker's pull API).
+"""Pull consumers drive their jobs' state machine over REST (docs/api.md, webhook-broker's pull
+API).
 
-A paused pull consumer (SPEC §6.6) is handed nothing: queued-jobs lists no jobs, claim takes none
-and a job cannot be moved to INFLIGHT (409). Jobs already INFLIGHT can still be reported, so work
-a worker holds is not lost by pausing. A request already past its pause check when the pause lands
-completes, as a push delivery in flight does.
+A paused pull consumer (docs/delivery.md, "Pause") is handed nothing: queued-jobs lists no jobs,
+claim takes none and a job cannot be moved to INFLIGHT (409). Jobs already INFLIGHT can still be
+reported, so work a worker holds is not lost by pausing. A request already past its pause check when
+the pause lands completes, as a push delivery in flight does.
 """
 
 from __future__ import annotations

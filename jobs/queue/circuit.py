@@ -1,4 +1,5 @@
-"""The circuit breaker of push consumers (SPEC §6.4): a consumer that is down is left alone.
+"""The circuit breaker of push consumers (docs/delivery.md, "Circuit breaker"): a consumer that is
+down is left alone.
 
 After BROKER_CIRCUIT_FAILURE_THRESHOLD attempts in a row find the consumer unavailable (no
 answer, a 5xx, 429 or 408: jobs/retry.py `is_unavailable`), its circuit opens for

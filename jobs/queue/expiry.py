@@ -1,4 +1,4 @@
-"""The age limit of push jobs: none waits for ever (SPEC §12).
+"""The age limit of push jobs: none waits for ever (docs/delivery.md, "Expiry").
 
 A consumer whose circuit stays open, or whose retries are spread wider than its age limit, would
 otherwise hold its jobs QUEUED for as long as it is down, neither delivered nor visibly dead. A

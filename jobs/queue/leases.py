@@ -2,7 +2,8 @@
 
 A lease that runs out means whoever held the job (a dispatcher that died, a pull worker that
 vanished) will not report back: the job returns to QUEUED, or goes DEAD when it has used all its
-attempts (SPEC §5, §10). Attempts were counted when the job went INFLIGHT.
+attempts (docs/dispatcher.md; docs/configuration.md). Attempts were counted when the job went
+INFLIGHT.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def _pull_lease(now: datetime, lease_seconds: int | None) -> datetime:
 
 def _with_payloads(jobs: Iterable[Job]) -> list[Job]:
     """The jobs whose payload can be read; those whose offloaded payload is gone go DEAD instead
-    of to the worker, as a push delivery would (SPEC §6.7).
+    of to the worker, as a push delivery would (docs/delivery.md, "Large payloads").
 
     Offloaded payloads are read after the claim's transaction, so no lock is held over storage
     I/O, and kept on their message for the response.

@@ -4,7 +4,7 @@ Every statement of the queue that is written in SQL lives here (procrastinate ke
 in one file the same way); the rules they apply are those of jobs/queue/rules.py, and
 jobs/queue/portable.py does the same through the ORM. Table names come from model metadata and
 code constants are literals (so that PostgreSQL matches the partial indexes even with a generic
-plan); every value is a parameter. Why the statements are shaped as they are: docs/queue.md.
+plan); every value is a parameter. Why the statements are shaped as they are: docs/queue-design.md.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ FROM (SELECT) AS one_row LEFT JOIN message ON true
 # again), inserts their jobs, then marks them released; the consumers are read in the same
 # snapshot by both. Jobs are inserted in due order: job IDs define the order in which ordered
 # consumers receive a key's messages, so a scheduled message takes its place in that order at
-# its release. `AS MATERIALIZED` with the LIMIT: docs/queue.md (PostgreSQL bug #15715).
+# its release. `AS MATERIALIZED` with the LIMIT: docs/queue-design.md (PostgreSQL bug #15715).
 RELEASE_DUE_SQL = f"""
 WITH due AS MATERIALIZED (
     SELECT id, channel_id, priority, ordering_key, scheduled_for

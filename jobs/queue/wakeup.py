@@ -1,4 +1,4 @@
-"""Wake idle dispatchers when jobs are published (SPEC §5): LISTEN/NOTIFY on PostgreSQL.
+"""Wake idle dispatchers when jobs are published (docs/dispatcher.md): LISTEN/NOTIFY on PostgreSQL.
 
 Publishing sends one NOTIFY per statement, delivered by PostgreSQL at commit. The listener needs a
 direct connection of its own (a pooler in transaction mode drops LISTEN); when it is lost the
