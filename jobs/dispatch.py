@@ -33,6 +33,7 @@ from django.utils import timezone
 from broker.conf import broker_settings
 from consumers.models import Consumer
 from jobs import queue
+from jobs.consumer_cache import ConsumerCache, UnreadableConsumer
 from jobs.delivery import (
     REQUEST_ERROR,
     AttemptResult,
@@ -55,7 +56,6 @@ T = TypeVar("T")
 # What a lost or refused database connection raises: the step is skipped and tried again later.
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
-POLICY_FIELDS = ("retry_delays", "non_retryable_statuses")  # what jobs/retry.py reads
 SHUTDOWN_MESSAGE = "dispatcher stopped before the consumer answered"
 
 
@@ -78,7 +78,7 @@ class Dispatcher:
         self.stopping = False
         self._wake = asyncio.Event()
         self._sent: set[int] = set()  # job IDs whose request headers are on the wire
-        self._consumers: dict[int, Consumer] = {}  # decrypted, as of their changed_at
+        self._consumers = ConsumerCache()  # decrypted, as of their changed_at
         self._finished: list[AttemptResult] = []  # kept until recorded, across database outages
         self._recording = 0  # results being recorded right now
         self.health = Health()  # what --health-port serves (jobs/health.py)
@@ -96,7 +96,7 @@ class Dispatcher:
         """Take up to `limit` due jobs of push consumers that may receive, and build requests."""
         now = timezone.now()
         claimed = queue.claim_for_push(limit, now)
-        consumers = self._consumers_as_of(claimed)
+        consumers = self._consumers.as_of_claim(claimed)
         requests, unsendable = [], []
         for job in claimed:
             consumer = consumers.get(job.consumer_id)
@@ -112,22 +112,6 @@ class Dispatcher:
         except CONNECTION_ERRORS:  # the requests are claimed: they go out; leases see to these
             logger.warning("could not record %d unsendable jobs", len(unsendable))
         return requests
-
-    def _consumers_as_of(self, claimed: list[ClaimedJob]) -> dict[int, Consumer]:
-        """The claimed jobs' consumers, loaded (and their secrets decrypted) only when changed.
-
-        Every change to a consumer moves its `changed_at`, which the claim returns: a new URL or
-        a rotated secret applies from the next claim on.
-        """
-        stale = {
-            job.consumer_id
-            for job in claimed
-            if job.consumer_id not in self._consumers
-            or self._consumers[job.consumer_id].changed_at != job.consumer_changed_at
-        }
-        if stale:
-            self._consumers.update(_load_consumers(stale))
-        return self._consumers
 
     def complete(self, results: Iterable[AttemptResult]) -> None:
         """Record attempts and move their jobs on, in one transaction for the whole batch.
@@ -166,7 +150,7 @@ class Dispatcher:
         if not results:
             return {}
         now = timezone.now()
-        policies = self._policies({r.consumer_id for r in results})
+        policies = self._consumers.policies({r.consumer_id for r in results})
         outcomes = {r.job_id: decide(r, policies[r.consumer_id], now) for r in results}
         # Consumers that answered, and not with "unavailable": they are up (docs/delivery.md,
         # "Circuit breaker").
@@ -186,16 +170,6 @@ class Dispatcher:
         self.delivered += delivered
         self.failed += len(results) - delivered
         return recorded
-
-    def _policies(self, consumer_ids: set[int]) -> dict[int, Consumer]:
-        """The consumers whose retry policies apply, as they were at the claim. One this
-        dispatcher did not load (a caller completes what it did not claim, or the row could not
-        be read) is read for its policy alone, no secret decrypted; a deleted one has the
-        global defaults."""
-        policies = {pk: self._consumers[pk] for pk in consumer_ids if pk in self._consumers}
-        if missing := consumer_ids - policies.keys():
-            policies.update(Consumer.objects.only(*POLICY_FIELDS).in_bulk(missing))
-        return {pk: policies.get(pk) or Consumer() for pk in consumer_ids}
 
     def release(self, job_ids: Iterable[int]) -> int:
         """Give claimed jobs that were never sent back to the queue, without using an attempt."""
@@ -394,11 +368,6 @@ class UnrecordedOutcomes(Exception):
         self.results = results
 
 
-class UnreadableConsumer(LookupError):
-    def __init__(self, consumer_id: int) -> None:
-        super().__init__(f"consumer {consumer_id} cannot be read (see the dispatcher's log)")
-
-
 def _result_of(task: asyncio.Task[AttemptResult], request: DeliveryRequest) -> AttemptResult:
     """A finished delivery's result; `deliver` never raises, but a task cancelled from outside
     (by aiohttp, say) counts as cut off rather than ending the loop."""
@@ -425,21 +394,6 @@ def _unsendable(job: ClaimedJob, consumer: Consumer | None, exc: Exception) -> A
         error=f"the request could not be made: {describe_error(exc)}",
         names=names_of_job(job, consumer),
     )
-
-
-def _load_consumers(ids: set[int]) -> dict[int, Consumer]:
-    """The consumers with these IDs, their secrets decrypted, each on its own: one whose row
-    cannot be read (a secret that no configured key decrypts) is left out, and only its own jobs
-    fail. Consumers are loaded when first seen and after a change only, so this is rare."""
-    loaded = {}
-    for pk in ids:
-        try:
-            loaded.update(Consumer.objects.in_bulk([pk]))
-        except CONNECTION_ERRORS:
-            raise
-        except Exception:
-            logger.exception("consumer %s cannot be loaded", pk)
-    return loaded
 
 
 def _drop_connection() -> None:
