@@ -1,129 +1,93 @@
-"""Reading configuration from environment variables.
+"""Reading configuration from the environment, for Django.
 
-Every helper fails loudly (ImproperlyConfigured naming the variable and the bad value) instead of
-falling back silently: a typo in production configuration must stop the process at start-up, not
-change behaviour quietly. Secrets also accept a `NAME_FILE` variant pointing at a file (Docker and
+The variables themselves are declared, and parsed, in `broker/settings_catalog.py` (no Django
+there). These helpers keep Django's contract for code that configures Django: every one fails
+loudly with ImproperlyConfigured naming the variable and the bad value, instead of falling back
+silently, since a typo in production configuration must stop the process at start-up, not change
+behaviour quietly. Secrets also accept a `NAME_FILE` variant pointing at a file (Docker and
 Kubernetes secrets); the error messages never echo a secret's value.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
-from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+from broker import settings_catalog as catalog
+from broker.settings_catalog import ConfigError, ServerEnvironment
+
+T = TypeVar("T")
+
+
+@contextmanager
+def _improperly_configured() -> Iterator[None]:
+    """The catalog's ConfigError as Django's ImproperlyConfigured, with the same one line."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+def _read(name: str, kind: catalog.Kind[T], default: T, *, secret: bool = False) -> T:
+    with _improperly_configured():
+        return catalog.read_variable(os.environ, name, kind, default, secret=secret)
 
 
 def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+    return _read(name, catalog.Text(), default)
 
 
 def env_secret(name: str, default: str) -> str:
     """A secret from NAME, or from the file named by NAME_FILE (never both)."""
-    file_name = os.environ.get(f"{name}_FILE")
-    if file_name and name in os.environ:
-        raise ImproperlyConfigured(f"Set either {name} or {name}_FILE, not both.")
-    if file_name:
-        try:
-            return Path(file_name).read_text().strip()
-        except OSError as exc:
-            raise ImproperlyConfigured(f"{name}_FILE: cannot read {file_name!r}: {exc}") from exc
-    return os.environ.get(name, default)
+    return _read(name, catalog.Text(), default, secret=True)
 
 
 def env_secret_list(name: str) -> list[str]:
     """Comma-separated secrets (tokens, keys) from NAME or NAME_FILE."""
-    return [item.strip() for item in env_secret(name, "").split(",") if item.strip()]
+    return _read(name, catalog.Items(), [], secret=True)
 
 
 def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true or false).")
+    return _read(name, catalog.Flag(), default)
 
 
 def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     """One of `choices` (compared in lower case); anything else stops start-up."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value not in choices:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not one of {', '.join(choices)}.")
-    return value
+    return _read(name, catalog.Choice(choices), default)
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer.") from None
-    if minimum is not None and value < minimum:
-        raise ImproperlyConfigured(f"{name}={value} must be at least {minimum}.")
-    return value
+    return _read(name, catalog.Integer(minimum=minimum), default)
 
 
 def env_float(name: str, default: float, *, minimum: float, maximum: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a number.") from None
-    if not minimum <= value <= maximum:
-        raise ImproperlyConfigured(f"{name}={value} must be between {minimum} and {maximum}.")
-    return value
+    return _read(name, catalog.Number(minimum=minimum, maximum=maximum), default)
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
-    raw = os.environ.get(name)
-    if raw is None:
-        return list(default)
-    return [item.strip() for item in raw.split(",") if item.strip()]
+    return _read(name, catalog.Items(), default)
 
 
 def env_int_list(name: str, default: list[int], *, minimum: int = 0) -> list[int]:
-    items = env_list(name, [str(value) for value in default])
-    try:
-        values = [int(item) for item in items]
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be comma-separated integers.") from None
-    if any(value < minimum for value in values):
-        raise ImproperlyConfigured(f"{name}: every value must be at least {minimum}.")
-    return values
+    return _read(name, catalog.Integers(minimum=minimum), default)
+
+
+def _server_setting(setting: catalog.Setting[T]) -> T:
+    with _improperly_configured():
+        return setting.from_environment(os.environ)
 
 
 def parse_database_url(url: str) -> dict[str, Any]:
-    """Turn DATABASE_URL into a Django DATABASES entry.
-
-    `sqlite:///relative.sqlite3`, `sqlite:////absolute/path.sqlite3` and `sqlite://:memory:` select
-    SQLite; `postgres://user:password@host:port/name?sslmode=require` selects PostgreSQL (query
-    parameters become libpq connection options).
-    """
-    parts = urlsplit(url)
-    if parts.scheme == "sqlite":
-        return _sqlite_database(parts.path, parts.netloc)
-    if parts.scheme in {"postgres", "postgresql"}:
-        return _postgres_database(parts, dict(parse_qsl(parts.query)))
-    raise ImproperlyConfigured(
-        f"DATABASE_URL scheme {parts.scheme!r} is not supported (use sqlite:// or postgres://)."
-    )
+    """Turn DATABASE_URL into a Django DATABASES entry (the URL's forms: settings_catalog)."""
+    with _improperly_configured():
+        parsed = catalog.parse_database_url(url)
+    if parsed.engine == "sqlite":
+        return _sqlite_database(parsed.name)
+    return _postgres_database(parsed)
 
 
 def database_pool(engine: str) -> dict[str, Any] | None:
@@ -133,16 +97,16 @@ def database_pool(engine: str) -> dict[str, Any] | None:
     With a pool, a process holds at most DATABASE_POOL_MAX_SIZE connections whatever its
     threads do; a request waits up to DATABASE_POOL_TIMEOUT seconds for one of them.
     """
-    if not engine.endswith("postgresql") or not env_bool("DATABASE_POOL", True):
+    if not engine.endswith("postgresql") or not _server_setting(ServerEnvironment.DATABASE_POOL):
         return None
-    timeout = env_float("DATABASE_POOL_TIMEOUT", 5.0, minimum=0.1, maximum=3600.0)
+    timeout = _server_setting(ServerEnvironment.DATABASE_POOL_TIMEOUT)
     return {
         # Connections open only when a request finds none free: a sync worker (one request at a
         # time) holds exactly one. (With min_size 1, the first request would not wait for the
         # pool's first connection and open a second.) One left unused for 10 minutes closes.
         "min_size": 0,
         # At least 2: the dispatcher's two database threads keep one each for good.
-        "max_size": env_int("DATABASE_POOL_MAX_SIZE", 4, minimum=2),
+        "max_size": _server_setting(ServerEnvironment.DATABASE_POOL_MAX_SIZE),
         "timeout": timeout,
         # While the database is down the pool retries in the background, each delay twice the
         # last, for this long; then the next request starts afresh. With psycopg's 5 minutes,
@@ -158,9 +122,10 @@ def database_conn_max_age(pooled: bool) -> int:
     With a pool, 0 (Django allows nothing else): each request gives its connection back to the
     pool. Without one, DATABASE_CONN_MAX_AGE seconds.
     """
+    max_age = _server_setting(ServerEnvironment.DATABASE_CONN_MAX_AGE)
     if not pooled:
-        return env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
-    if env_int("DATABASE_CONN_MAX_AGE", 0, minimum=0) != 0:
+        return 60 if max_age is None else max_age
+    if max_age:
         raise ImproperlyConfigured(
             "DATABASE_CONN_MAX_AGE keeps a connection per thread, which the connection pool"
             " replaces: unset it, or set DATABASE_POOL=false to use it."
@@ -168,13 +133,7 @@ def database_conn_max_age(pooled: bool) -> int:
     return 0
 
 
-def _sqlite_database(path: str, netloc: str) -> dict[str, Any]:
-    if netloc == ":memory:":
-        name = ":memory:"
-    elif path.startswith("/") and len(path) > 1:
-        name = path[1:]  # sqlite:///x.db -> "x.db"; sqlite:////abs/x.db -> "/abs/x.db"
-    else:
-        raise ImproperlyConfigured("DATABASE_URL for SQLite needs a file: sqlite:///broker.sqlite3")
+def _sqlite_database(name: str) -> dict[str, Any]:
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": name,
@@ -188,19 +147,13 @@ def _sqlite_database(path: str, netloc: str) -> dict[str, Any]:
     }
 
 
-def _postgres_database(parts: SplitResult, options: Mapping[str, str]) -> dict[str, Any]:
-    if not parts.path.strip("/"):
-        raise ImproperlyConfigured("DATABASE_URL for PostgreSQL needs a database name.")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ImproperlyConfigured("DATABASE_URL has an invalid port.") from None
+def _postgres_database(parsed: catalog.DatabaseUrl) -> dict[str, Any]:
     return {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": unquote(parts.path.strip("/")),
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": parts.hostname or "",
-        "PORT": str(port or ""),
-        "OPTIONS": {"connect_timeout": 5, **options},
+        "NAME": parsed.name,
+        "USER": parsed.user,
+        "PASSWORD": parsed.password,
+        "HOST": parsed.host,
+        "PORT": str(parsed.port or ""),
+        "OPTIONS": {"connect_timeout": 5, **parsed.options},
     }

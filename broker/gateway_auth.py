@@ -25,10 +25,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from broker.conf import broker_settings
 from broker.request_ids import request_id_of
+from broker.settings_catalog import GATEWAY_AUTH_MODES
 
 logger = logging.getLogger("broker.gateway")
 
-MODES = ("none", "hmac")
+MODES = GATEWAY_AUTH_MODES  # declared with BROKER_GATEWAY_AUTH_MODE
+
 SIGNATURE_HEADER = "X-Broker-Signature"
 _TIMESTAMP = re.compile(r"[+-]?[0-9]{1,19}\Z")  # what Go's strconv.ParseInt takes
 

@@ -12,7 +12,8 @@ import logging
 import re
 from typing import Any
 
-LOG_FORMATS = ("text", "json")
+from broker.settings_catalog import LOG_FORMATS as LOG_FORMATS  # declared with the setting
+
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

@@ -2,42 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from broker.conf import DEFAULTS
-from broker.env import (
-    database_conn_max_age,
-    database_pool,
-    env_bool,
-    env_choice,
-    env_float,
-    env_int,
-    env_int_list,
-    env_list,
-    env_secret,
-    env_secret_list,
-    env_str,
-    parse_database_url,
-)
+from broker.env import database_conn_max_age, database_pool, parse_database_url
 from broker.gateway_auth import check_mode as check_gateway_mode
-from broker.logs import LOG_FORMATS, logging_config
+from broker.logs import logging_config
+from broker.settings_catalog import BrokerSettings, ServerEnvironment
+
+# Every variable below is declared, with its type, default and bounds, in
+# broker/settings_catalog.py; a bad value raises ConfigError there, which manage.py and the
+# WSGI/ASGI modules turn into one line.
+_env = ServerEnvironment.from_environment(os.environ)
 
 # What the broker writes (payload files, collected static files, like the default SQLite file) goes
 # under the directory it runs in, never into the installed package.
 DATA_DIR = Path.cwd()
 
-# Flagged by `manage.py check --deploy` (security.W009) because of its prefix: never run with it.
-INSECURE_DEFAULT_SECRET_KEY = "django-insecure-webhook-broker-development-key-do-not-deploy"  # noqa: S105
-SECRET_KEY = env_secret("DJANGO_SECRET_KEY", INSECURE_DEFAULT_SECRET_KEY)
-DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
-CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+SECRET_KEY = _env.DJANGO_SECRET_KEY
+DEBUG = _env.DJANGO_DEBUG
+ALLOWED_HOSTS = _env.DJANGO_ALLOWED_HOSTS
+CSRF_TRUSTED_ORIGINS = _env.DJANGO_CSRF_TRUSTED_ORIGINS
 
 # Behind TLS (directly or via a proxy that sets X-Forwarded-Proto): secure cookies, HTTPS redirect
 # and HSTS. Off by default so a first run over plain HTTP on localhost works.
-DJANGO_HTTPS = env_bool("DJANGO_HTTPS", False)
+DJANGO_HTTPS = _env.DJANGO_HTTPS
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = DJANGO_HTTPS
-SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31536000 if DJANGO_HTTPS else 0, minimum=0)
+SECURE_HSTS_SECONDS = _env.DJANGO_HSTS_SECONDS
+if SECURE_HSTS_SECONDS is None:
+    SECURE_HSTS_SECONDS = 31536000 if DJANGO_HTTPS else 0
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if DJANGO_HTTPS else None
 # /_status must answer plain HTTP health probes even when everything else redirects to HTTPS.
 SECURE_REDIRECT_EXEMPT = [r"^_status$"]
@@ -94,7 +87,7 @@ TEMPLATES = [
 
 DATABASES = {
     "default": {
-        **parse_database_url(env_str("DATABASE_URL", "sqlite:///broker.sqlite3")),
+        **parse_database_url(_env.DATABASE_URL),
         "CONN_HEALTH_CHECKS": True,
     }
 }
@@ -106,9 +99,7 @@ _pool = database_pool(DATABASES["default"]["ENGINE"])
 if _pool:
     DATABASES["default"]["OPTIONS"]["pool"] = _pool
 DATABASES["default"]["CONN_MAX_AGE"] = database_conn_max_age(pooled=_pool is not None)
-if DATABASES["default"]["ENGINE"].endswith("postgresql") and env_bool(
-    "DATABASE_PREPARED_STATEMENTS", True
-):
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and _env.DATABASE_PREPARED_STATEMENTS:
     # Server-side binding with prepared statements: PostgreSQL plans a statement a connection
     # repeats (publishing above all) once instead of on every request. The pool above hands out
     # whole sessions, so they survive there; turn off behind an external pooler in transaction
@@ -137,7 +128,7 @@ STORAGES = {
     "broker_payloads": {
         "BACKEND": "django.core.files.storage.FileSystemStorage",
         "OPTIONS": {
-            "location": env_str("BROKER_PAYLOAD_DIR", str(DATA_DIR / "payloads")),
+            "location": _env.BROKER_PAYLOAD_DIR or str(DATA_DIR / "payloads"),
             # Payloads are the producers' data: readable by the broker's own user alone.
             "file_permissions_mode": 0o600,
             "directory_permissions_mode": 0o700,
@@ -146,7 +137,7 @@ STORAGES = {
 }
 
 STATIC_URL = "static/"
-STATIC_ROOT = Path(env_str("DJANGO_STATIC_ROOT", str(DATA_DIR / "staticfiles")))
+STATIC_ROOT = Path(_env.DJANGO_STATIC_ROOT or DATA_DIR / "staticfiles")
 # WhiteNoise serves static files from the app itself, so the admin looks right under gunicorn with
 # no web server in front. Finders let a first run work before `collectstatic`.
 WHITENOISE_USE_FINDERS = True
@@ -181,75 +172,16 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Text lines (default) or one JSON object a line, to standard error (docs/observability.md).
-BROKER_LOG_FORMAT = env_choice("BROKER_LOG_FORMAT", "text", LOG_FORMATS)
-LOGGING = logging_config(BROKER_LOG_FORMAT, env_str("DJANGO_LOG_LEVEL", "INFO").upper())
+BROKER_LOG_FORMAT = _env.BROKER_LOG_FORMAT
+LOGGING = logging_config(BROKER_LOG_FORMAT, _env.DJANGO_LOG_LEVEL.upper())
 
 # --- Broker settings (names from SPEC §10; defaults and meaning in broker/conf.py and
 # docs/configuration.md). Code reads them through broker.conf.broker_settings at call time.
-BROKER_ADMIN_TOKENS = env_secret_list("BROKER_ADMIN_TOKENS")
-BROKER_OPEN_ADMIN_API = env_bool("BROKER_OPEN_ADMIN_API", DEFAULTS["BROKER_OPEN_ADMIN_API"])
-BROKER_PUBLIC_STATUS = env_bool("BROKER_PUBLIC_STATUS", DEFAULTS["BROKER_PUBLIC_STATUS"])
-BROKER_PUBLIC_METRICS = env_bool("BROKER_PUBLIC_METRICS", DEFAULTS["BROKER_PUBLIC_METRICS"])
-BROKER_ALLOW_PRIVATE_CALLBACKS = env_bool(
-    "BROKER_ALLOW_PRIVATE_CALLBACKS", DEFAULTS["BROKER_ALLOW_PRIVATE_CALLBACKS"]
-)
-BROKER_DELIVERY_TIMEOUT_SECONDS = env_int(
-    "BROKER_DELIVERY_TIMEOUT_SECONDS", DEFAULTS["BROKER_DELIVERY_TIMEOUT_SECONDS"], minimum=1
-)
-BROKER_CONSUMER_TOKEN_HEADER = env_str(
-    "BROKER_CONSUMER_TOKEN_HEADER", DEFAULTS["BROKER_CONSUMER_TOKEN_HEADER"]
-)
-BROKER_RATIONAL_DELAY_SECONDS = env_int(
-    "BROKER_RATIONAL_DELAY_SECONDS", DEFAULTS["BROKER_RATIONAL_DELAY_SECONDS"], minimum=0
-)
-BROKER_RETRY_DELAYS = env_int_list("BROKER_RETRY_DELAYS", DEFAULTS["BROKER_RETRY_DELAYS"])
-BROKER_RETRY_JITTER = env_float(
-    "BROKER_RETRY_JITTER", DEFAULTS["BROKER_RETRY_JITTER"], minimum=0.0, maximum=1.0
-)
-BROKER_CIRCUIT_FAILURE_THRESHOLD = env_int(
-    "BROKER_CIRCUIT_FAILURE_THRESHOLD", DEFAULTS["BROKER_CIRCUIT_FAILURE_THRESHOLD"], minimum=0
-)
-BROKER_CIRCUIT_COOLDOWN_SECONDS = env_int(
-    "BROKER_CIRCUIT_COOLDOWN_SECONDS", DEFAULTS["BROKER_CIRCUIT_COOLDOWN_SECONDS"], minimum=1
-)
-BROKER_MAX_JOB_AGE_SECONDS = env_int(
-    "BROKER_MAX_JOB_AGE_SECONDS", DEFAULTS["BROKER_MAX_JOB_AGE_SECONDS"], minimum=0
-)
-BROKER_MIN_SCHEDULE_DELAY_SECONDS = env_int(
-    "BROKER_MIN_SCHEDULE_DELAY_SECONDS", DEFAULTS["BROKER_MIN_SCHEDULE_DELAY_SECONDS"], minimum=0
-)
-BROKER_PAYLOAD_OFFLOAD_BYTES = env_int(
-    "BROKER_PAYLOAD_OFFLOAD_BYTES", DEFAULTS["BROKER_PAYLOAD_OFFLOAD_BYTES"], minimum=1
-)
-BROKER_MAX_PAYLOAD_BYTES = env_int(
-    "BROKER_MAX_PAYLOAD_BYTES", DEFAULTS["BROKER_MAX_PAYLOAD_BYTES"], minimum=1
-)
-BROKER_PAYLOAD_STORAGE = env_str("BROKER_PAYLOAD_STORAGE", DEFAULTS["BROKER_PAYLOAD_STORAGE"])
-BROKER_ENCRYPTION_KEYS = env_secret_list("BROKER_ENCRYPTION_KEYS")
-BROKER_RETENTION_DAYS = env_int(
-    "BROKER_RETENTION_DAYS", DEFAULTS["BROKER_RETENTION_DAYS"], minimum=0
-)
-BROKER_BROADCAST_RATE_LIMIT = env_float(
-    "BROKER_BROADCAST_RATE_LIMIT", DEFAULTS["BROKER_BROADCAST_RATE_LIMIT"], minimum=0.0, maximum=1e6
-)
-BROKER_BROADCAST_BURST = env_int(
-    "BROKER_BROADCAST_BURST", DEFAULTS["BROKER_BROADCAST_BURST"], minimum=0
-)
-BROKER_GATEWAY_AUTH_MODE = (
-    env_str("BROKER_GATEWAY_AUTH_MODE", DEFAULTS["BROKER_GATEWAY_AUTH_MODE"]).strip().lower()
-)
-BROKER_GATEWAY_HMAC_SECRET = env_secret(
-    "BROKER_GATEWAY_HMAC_SECRET", DEFAULTS["BROKER_GATEWAY_HMAC_SECRET"]
-)
-check_gateway_mode(BROKER_GATEWAY_AUTH_MODE, BROKER_GATEWAY_HMAC_SECRET)
-BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS = env_int(
-    "BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS",
-    DEFAULTS["BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS"],
-    minimum=1,
-)
-BROKER_GATEWAY_AUTH_EXEMPT_PATHS = env_list(
-    "BROKER_GATEWAY_AUTH_EXEMPT_PATHS", DEFAULTS["BROKER_GATEWAY_AUTH_EXEMPT_PATHS"]
-)
+# Each is declared once, in broker.settings_catalog.BrokerSettings, and read here from the
+# environment variable of its name.
+_broker = BrokerSettings.from_environment(os.environ)
+globals().update(_broker.values())
+check_gateway_mode(_broker.BROKER_GATEWAY_AUTH_MODE, _broker.BROKER_GATEWAY_HMAC_SECRET)
 
 # Housekeeping runs as django-q2 schedules (`manage.py qcluster`, docs/housekeeping.md) with the
 # ORM broker: the database is the queue, so there is nothing else to run. Tasks are short and
@@ -258,7 +190,7 @@ BROKER_GATEWAY_AUTH_EXEMPT_PATHS = env_list(
 Q_CLUSTER = {
     "name": "broker-housekeeping",
     "orm": "default",
-    "workers": env_int("BROKER_HOUSEKEEPING_WORKERS", 1, minimum=1),
+    "workers": _env.BROKER_HOUSEKEEPING_WORKERS,
     "timeout": 600,
     "retry": 900,
     "max_attempts": 3,
@@ -267,4 +199,4 @@ Q_CLUSTER = {
     "ack_failures": True,
 }
 # Let request bodies up to the payload limit through, so broadcast can answer 413 itself.
-DATA_UPLOAD_MAX_MEMORY_SIZE = BROKER_MAX_PAYLOAD_BYTES + 65536
+DATA_UPLOAD_MAX_MEMORY_SIZE = _broker.BROKER_MAX_PAYLOAD_BYTES + 65536

@@ -1,5 +1,9 @@
 """Settings of the pipeline, read from the environment (no Django: this runs under spark-submit).
 
+The broker's own variables (DATABASE_URL, BROKER_RETENTION_DAYS, BROKER_PAYLOAD_DIR) are read as
+the broker reads them, through broker/settings_catalog.py (which imports no Django either); the
+SPARK_ETL_* ones with the same parsers.
+
 The manage.py wrapper (`jobs/management/commands/spark_etl.py`) builds the same `EtlConfig`
 from
 Django's database settings instead, so both ways of running read the same store.
@@ -13,13 +17,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+
+from broker.settings_catalog import (
+    BrokerSettings,
+    Integer,
+    ServerEnvironment,
+    parse_database_url,
+    read_variable,
+)
+from broker.settings_catalog import ConfigError as ConfigError  # what spark_etl raises
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"  # Debian's libpostgresql-jdbc-java
-
-
-class ConfigError(ValueError):
-    """A setting is missing or malformed; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -33,18 +41,19 @@ class Database:
     @classmethod
     def from_url(cls, url: str) -> Database:
         """postgres://user:password@host:port/name (the broker's DATABASE_URL)."""
-        parts = urlsplit(url)
-        if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
-            raise ConfigError(f"DATABASE_URL must be a postgres:// URL for spark_etl, not {url!r}")
-        name = unquote(parts.path.lstrip("/"))
-        if not name:
-            raise ConfigError("DATABASE_URL names no database")
+        parsed = parse_database_url(url)
+        if parsed.engine != "postgresql":
+            # Not the URL itself, which may hold a password.
+            raise ConfigError(
+                f"DATABASE_URL must be a postgres:// URL for spark_etl, not {parsed.engine}"
+            )
+        # JDBC needs a host and a port where libpq has defaults of its own.
         return cls(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 5432,
-            name=name,
-            user=unquote(parts.username or "postgres"),
-            password=unquote(parts.password or ""),
+            host=parsed.host or "127.0.0.1",
+            port=parsed.port or 5432,
+            name=parsed.name,
+            user=parsed.user or "postgres",
+            password=parsed.password,
         )
 
     @property
@@ -75,7 +84,7 @@ class EtlConfig:
     read_partitions: int = 4
     fetch_size: int = 10_000
     # archive: messages received more than this many days ago (0: archive nothing).
-    retention_days: int = 30
+    retention_days: int = BrokerSettings.BROKER_RETENTION_DAYS.default
     # archive: messages per batch (one Parquet directory, one manifest row).
     archive_batch: int = 100_000
     # archive: messages per DELETE transaction within a batch.
@@ -98,16 +107,7 @@ class EtlConfig:
 
 
 def _int(name: str, default: int, minimum: int = 0) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, not {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, not {value}")
-    return value
+    return read_variable(os.environ, name, Integer(minimum=minimum), default)
 
 
 def _spark_conf(name: str) -> dict[str, str]:
@@ -136,11 +136,11 @@ def from_environment(**overrides: Any) -> EtlConfig:
         "master": os.environ.get("SPARK_ETL_MASTER") or None,
         "jdbc_jar": os.environ.get("SPARK_ETL_JDBC_JAR", DEFAULT_JDBC_JAR),
         "read_partitions": _int("SPARK_ETL_READ_PARTITIONS", 4, minimum=1),
-        "retention_days": _int("BROKER_RETENTION_DAYS", 30),
+        "retention_days": BrokerSettings.BROKER_RETENTION_DAYS.from_environment(os.environ),
         "archive_batch": _int("SPARK_ETL_ARCHIVE_BATCH", 100_000, minimum=1),
         "settle_hours": _int("SPARK_ETL_SETTLE_HOURS", 48),
         "spark_conf": _spark_conf("SPARK_ETL_CONF"),
-        "payload_dir": os.environ.get("BROKER_PAYLOAD_DIR")
+        "payload_dir": ServerEnvironment.BROKER_PAYLOAD_DIR.from_environment(os.environ)
         or str(Path(__file__).resolve().parent.parent / "payloads"),
     }
     values.update(overrides)

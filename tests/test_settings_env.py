@@ -162,4 +162,4 @@ def test_broker_settings_fall_back_to_defaults_in_a_host_project(settings):
     assert broker_settings.BROKER_MAX_PAYLOAD_BYTES == 5 * 1024 * 1024
     assert broker_settings.BROKER_RETRY_JITTER == 0.5
     with pytest.raises(AttributeError):
-        broker_settings.BROKER_TYPO  # noqa: B018
+        broker_settings.BROKER_TYPO  # type: ignore[attr-defined]  # noqa: B018
