@@ -119,9 +119,10 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
-# Offloaded payloads (SPEC §6.7) go to STORAGES[BROKER_PAYLOAD_STORAGE]: by default files under
-# BROKER_PAYLOAD_DIR, which every web and dispatcher process must share. For S3 and the like,
-# replace the "broker_payloads" entry in a settings module of your own (docs/configuration.md).
+# Offloaded payloads (docs/delivery.md, "Large payloads") go to STORAGES[BROKER_PAYLOAD_STORAGE]: by
+# default files under BROKER_PAYLOAD_DIR, which every web and dispatcher process must share. For S3
+# and the like, replace the "broker_payloads" entry in a settings module of your own
+# (docs/configuration.md).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
@@ -175,7 +176,7 @@ SPECTACULAR_SETTINGS = {
 BROKER_LOG_FORMAT = _env.BROKER_LOG_FORMAT
 LOGGING = logging_config(BROKER_LOG_FORMAT, _env.DJANGO_LOG_LEVEL.upper())
 
-# --- Broker settings (names from SPEC §10; defaults and meaning in broker/conf.py and
+# --- Broker settings (names from docs/configuration.md; defaults and meaning in broker/conf.py and
 # docs/configuration.md). Code reads them through broker.conf.broker_settings at call time.
 # Each is declared once, in broker.settings_catalog.BrokerSettings, and read here from the
 # environment variable of its name.

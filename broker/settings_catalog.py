@@ -382,7 +382,7 @@ class ServerEnvironment(SettingGroup):
 
 
 class BrokerSettings(SettingGroup):
-    """The broker's own settings (names from SPEC §10), which code reads through
+    """The broker's own settings (names from docs/configuration.md), which code reads through
     `broker.conf.broker_settings`; each is also read from the environment variable of its name."""
 
     BROKER_ADMIN_TOKENS = Setting(
@@ -491,7 +491,7 @@ class BrokerSettings(SettingGroup):
         Text(),
         "broker_payloads",
         "the key of Django's `STORAGES` that holds offloaded payloads (see"
-        " [below](#payload-storage-spec-67))",
+        " [below](#payload-storage))",
         section=BROKER,
     )
     BROKER_ENCRYPTION_KEYS = Setting(

@@ -26,6 +26,7 @@ from broker.settings_catalog import (
     read_variable,
 )
 from broker.settings_catalog import ConfigError as ConfigError  # what spark_etl raises
+from spark_etl import tables
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"  # Debian's libpostgresql-jdbc-java
 
@@ -92,8 +93,9 @@ class EtlConfig:
     # report: a nightly run recomputes this many hours before the last run's end, because jobs
     # of recent messages are still being retried (the default retry schedule spans about a day).
     settle_hours: int = 48
-    report_table: str = "jobs_deliveryreport"
-    # Offloaded payloads (SPEC §6.7) when run without Django: the filesystem storage's directory.
+    report_table: str = tables.REPORT
+    # Offloaded payloads (docs/delivery.md, "Large payloads") when run without Django: the
+    # filesystem storage's directory.
     payload_dir: str | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
 

@@ -17,17 +17,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Files still allowed to cite the old contract: they were being rewritten elsewhere when the
-# references were replaced, and get the same rewrite next. Empty this set once that is done.
-STILL_CITING_THE_OLD_CONTRACT: frozenset[str] = frozenset(
-    {
-        "broker/conf.py",
-        "broker/env.py",
-        "broker/settings.py",
-        "docs/configuration.md",
-        "spark_etl/config.py",
-    }
-)
 
 _CONTRACT = "SPEC"  # spelled apart so that this file does not match its own patterns
 OUTSIDE_REFERENCES = [
@@ -101,8 +90,6 @@ def relative(path: Path) -> str:
 def test_no_tracked_file_points_to_a_contract_outside_the_repository():
     found = []
     for path in tracked_files():
-        if relative(path) in STILL_CITING_THE_OLD_CONTRACT:
-            continue
         for number, line in enumerate((text_of(path) or "").splitlines(), start=1):
             if any(pattern.search(line) for pattern in OUTSIDE_REFERENCES):
                 found.append(f"{relative(path)}:{number}: {line.strip()}")
@@ -135,15 +122,12 @@ def test_every_relative_markdown_link_resolves():
 
 def test_every_mention_of_a_doc_resolves():
     """`docs/delivery.md`, `docs/api.md#ids` and `docs/delivery.md, "Ordering"` in any tracked
-    text file name a doc that exists and, when given, a heading it has. (A doc of the allow-list
-    above that is still being written may be named before it exists.)"""
+    text file name a doc that exists and, when given, a heading it has."""
     broken = []
     for path in tracked_files():
         for number, line in enumerate((text_of(path) or "").splitlines(), start=1):
             for name, anchor, heading in DOC_MENTION.findall(line):
                 doc = ROOT / name
-                if name in STILL_CITING_THE_OLD_CONTRACT and not doc.exists():
-                    continue
                 where = f"{relative(path)}:{number}: {name}"
                 if not doc.is_file():
                     broken.append(f"{where} (no such file)")
