@@ -36,8 +36,7 @@ class Delivery:
 
 def request_for_job(job: ClaimedJob, consumer: Consumer, now: datetime) -> DeliveryRequest:
     """The request of one claimed job's attempt."""
-    delivery = Delivery(job.job_id, job.attempt, job_public_id(job.job_id, job.created_at))
-    return build_request(job.message, consumer, now, delivery)
+    return build_request(job.message, consumer, now, _delivery_of(job))
 
 
 def build_request(
@@ -94,9 +93,12 @@ def delivery_names(
 
 def names_of_job(job: ClaimedJob, consumer: Consumer | None) -> DeliveryNames:
     """The names of a claimed job whose request could not be made."""
-    delivery = Delivery(job.job_id, job.attempt, job_public_id(job.job_id, job.created_at))
     trace = tracing.parse(job.message.traceparent, job.message.tracestate)
-    return delivery_names(delivery, job.message, consumer, trace)
+    return delivery_names(_delivery_of(job), job.message, consumer, trace)
+
+
+def _delivery_of(job: ClaimedJob) -> Delivery:
+    return Delivery(job.job_id, job.attempt, job_public_id(job.job_id, job.created_at))
 
 
 def _broker_headers(message: OutgoingMessage, consumer: Consumer) -> dict[str, str]:
