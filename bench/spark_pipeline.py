@@ -145,7 +145,7 @@ def run_job(job: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[fl
         sys.stderr.write(run.stderr[-5000:])
         raise SystemExit(f"{job} failed")
     for line in run.stderr.splitlines():
-        if "spark_etl.pipeline" in line:  # the pipeline's own progress, with timings
+        if f"spark_etl.{job} " in line:  # the job's own progress (its module's logger), timed
             print("  " + line)
     return seconds, run.stdout.strip().splitlines()[-1]
 

@@ -1,0 +1,288 @@
+"""The `archive` job: finished messages older than the retention, with their jobs and attempts, to
+Parquet in verified batches, then deleted from PostgreSQL (docs/spark_etl.md, "archive").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812
+
+from spark_etl import io, store, tables
+from spark_etl.config import EtlConfig
+
+logger = logging.getLogger(__name__)
+
+ARCHIVE_TABLES = tuple(tables.ARCHIVED.values())  # published in this order, messages last
+# The offloaded payloads one archive batch may hold in the driver's memory at once.
+MAX_OFFLOADED_BYTES_PER_BATCH = 256 * 1024 * 1024
+
+Checkpoint = Callable[[str], None]
+ReadPayload = Callable[[str], bytes | None]
+DeletePayload = Callable[[str], None]
+
+
+def _no_checkpoint(step: str) -> None:
+    """Where a step ends; tests pass a function that crashes the run there."""
+
+
+class ArchiveBusy(RuntimeError):
+    """Another archive run holds the lock."""
+
+
+class ArchiveMismatch(RuntimeError):
+    """What was written is not what was planned."""
+
+
+@dataclass
+class ArchiveResult:
+    batches: int = 0
+    messages: int = 0  # deleted from PostgreSQL after being archived
+    kept: list[int] = field(default_factory=list)  # archived but kept (a job changed meanwhile)
+    abandoned: int = 0
+
+    def __str__(self) -> str:
+        return (
+            f"archive: {self.messages} messages archived and deleted in {self.batches} batches"
+            f" ({len(self.kept)} kept, {self.abandoned} batches abandoned)"
+        )
+
+
+@dataclass
+class PayloadFiles:
+    """Reads and deletes offloaded payloads. Without Django: files in `directory` (the default
+    filesystem storage); the manage.py wrapper passes Django's storage functions instead."""
+
+    directory: str | None = None
+    read: ReadPayload | None = None
+    delete: DeletePayload | None = None
+
+    def read_bytes(self, name: str) -> bytes | None:
+        if self.read is not None:
+            return self.read(name)
+        try:
+            return (Path(self.directory or ".") / name).read_bytes()
+        except FileNotFoundError:
+            return None  # archived with its name and no content, as the broker would deliver it
+
+    def remove(self, name: str) -> None:
+        if self.delete is not None:
+            self.delete(name)
+        else:
+            (Path(self.directory or ".") / name).unlink(missing_ok=True)
+
+
+@dataclass
+class Archiver:
+    spark: SparkSession
+    config: EtlConfig
+    conn: store.Connection
+    payloads: PayloadFiles
+    checkpoint: Checkpoint = _no_checkpoint
+    result: ArchiveResult = field(default_factory=ArchiveResult)
+
+    def staging(self, batch: store.Batch, table: str) -> str:
+        return f"{self.config.archive_path}/_staging/{batch.key}/{table}"
+
+    def published(self, batch: store.Batch, table: str) -> str:
+        return f"{self.config.archive_path}/{table}/batch={batch.key}"
+
+    def run(self, cutoff: datetime, since: datetime | None) -> ArchiveResult:
+        # First whatever a crashed run left half done, from the step where it stopped.
+        for batch in store.unfinished_batches(self.conn):
+            self.finish(batch)
+        after = 0
+        while planned := self.plan(cutoff, since, after):
+            after = max(planned.message_ids)
+            self.finish(planned)
+        return self.result
+
+    def plan(self, cutoff: datetime, since: datetime | None, after: int) -> store.Batch | None:
+        rows = store.eligible_messages(self.conn, cutoff, since, after, self.config.archive_batch)
+        if not rows:
+            return None
+        ids: list[int] = []
+        files: list[str] = []
+        offloaded = 0
+        for message_id, payload_file, size in rows:
+            if payload_file:
+                if ids and offloaded + size > MAX_OFFLOADED_BYTES_PER_BATCH:
+                    break  # the rest goes in the next batch
+                offloaded += size
+                files.append(payload_file)
+            ids.append(message_id)
+        batch = store.plan_batch(self.conn, cutoff, ids, files)
+        self.checkpoint("planned")
+        return batch
+
+    def finish(self, batch: store.Batch) -> None:
+        logger.info(
+            "archive: batch %s (%s messages) from %s", batch.key, batch.messages, batch.state
+        )
+        if batch.state == store.PLANNED and not self.write(batch):
+            return
+        if batch.state == store.WRITTEN:
+            self.publish(batch)
+        if batch.state == store.PUBLISHED:
+            self.delete_rows(batch)
+        if batch.state == store.DELETED:
+            self.delete_payloads(batch)
+        self.result.batches += 1
+
+    def write(self, batch: store.Batch) -> bool:
+        """Write the batch to its staging directory and check it against the manifest."""
+        for table, frame in self.read_batch(batch).items():
+            io.write_parquet(frame, self.staging(batch, table), ["channel", "date"], "overwrite")
+        self.checkpoint("staged")
+        self.verify(batch)
+        if store.changed_since_planned(self.conn, batch):
+            # Rows changed after the plan; these messages are planned again by a later run.
+            io.delete(self.spark, f"{self.config.archive_path}/_staging/{batch.key}")
+            store.set_state(self.conn, batch, store.ABANDONED)
+            self.result.abandoned += 1
+            return False
+        store.set_state(self.conn, batch, store.WRITTEN)
+        self.checkpoint("written")
+        return True
+
+    def read_batch(self, batch: store.Batch) -> dict[str, DataFrame]:
+        in_batch = f"SELECT unnest(message_ids) FROM {tables.ARCHIVE_BATCH} WHERE id = {batch.id}"  # noqa: S608
+        placed = "m.channel_id AS channel, (m.received_at AT TIME ZONE 'UTC')::date AS date"
+        messages = io.read_query(
+            self.spark,
+            self.config,
+            f"SELECT m.*, {placed} FROM {tables.MESSAGE} m WHERE m.id IN ({in_batch})",  # noqa: S608
+            partition_column="id",
+            bounds=batch.bounds,
+        )
+        jobs = io.read_query(
+            self.spark,
+            self.config,
+            f"SELECT j.*, {placed} FROM {tables.JOB} j JOIN {tables.MESSAGE} m"  # noqa: S608
+            f" ON m.id = j.message_id WHERE j.message_id IN ({in_batch})",
+            partition_column="message_id",
+            bounds=batch.bounds,
+        )
+        attempts = io.read_query(
+            self.spark,
+            self.config,
+            f"SELECT a.*, j.message_id, {placed} FROM {tables.ATTEMPT} a"  # noqa: S608
+            f" JOIN {tables.JOB} j ON j.id = a.job_id"
+            f" JOIN {tables.MESSAGE} m ON m.id = j.message_id"
+            f" WHERE j.message_id IN ({in_batch})",
+            partition_column="message_id",
+            bounds=batch.bounds,
+        )
+        return {
+            "messages": self.with_offloaded_payloads(messages, batch),
+            "jobs": jobs,
+            "attempts": attempts,
+        }
+
+    def with_offloaded_payloads(self, messages: DataFrame, batch: store.Batch) -> DataFrame:
+        """The archive keeps every payload: offloaded ones are read from storage into the row."""
+        if not batch.payload_files:
+            return messages
+        stored = self.spark.createDataFrame(
+            [(name, self.payloads.read_bytes(name)) for name in batch.payload_files],
+            "payload_file string, stored_payload binary",
+        )
+        columns = [
+            F.when(F.col("payload_file") != "", F.col("stored_payload"))
+            .otherwise(F.col("payload"))
+            .alias("payload")
+            if name == "payload"
+            else F.col(name)
+            for name in messages.columns
+        ]
+        return messages.join(F.broadcast(stored), "payload_file", "left").select(*columns)
+
+    def verify(self, batch: store.Batch) -> None:
+        expected = {"messages": batch.messages, "jobs": batch.jobs, "attempts": batch.attempts}
+        key = {"messages": "id", "jobs": "id", "attempts": "id"}
+        for table, count in expected.items():
+            try:
+                written = self.spark.read.parquet(self.staging(batch, table))
+            except AnalysisException:  # no file at all: Spark writes none for an empty frame
+                if count == 0 and io.exists(self.spark, self.staging(batch, table)):
+                    continue
+                raise
+            found = written.agg(
+                F.count(F.lit(1)).alias("rows"), F.count_distinct(key[table]).alias("ids")
+            ).first()
+            assert found is not None  # noqa: S101 (an aggregate has a row)
+            if found["rows"] != count or found["ids"] != count:
+                raise ArchiveMismatch(
+                    f"batch {batch.key}: {table} has {found['rows']} rows"
+                    f" ({found['ids']} ids) in Parquet, {count} planned"
+                )
+
+    def publish(self, batch: store.Batch) -> None:
+        """Move each table's staging directory into the archive: one rename each. A re-run skips
+        the tables a crashed run had moved already."""
+        for table in ARCHIVE_TABLES:
+            target = self.published(batch, table)
+            if io.exists(self.spark, target):
+                continue
+            io.rename(self.spark, self.staging(batch, table), target)
+            self.checkpoint(f"published {table}")
+        store.set_state(self.conn, batch, store.PUBLISHED)
+        self.checkpoint("published")
+
+    def delete_rows(self, batch: store.Batch) -> None:
+        chunk = self.config.delete_chunk
+        for start in range(0, len(batch.message_ids), chunk):
+            deleted, kept = store.delete_archived(
+                self.conn, batch, batch.message_ids[start : start + chunk]
+            )
+            self.result.messages += deleted
+            self.result.kept.extend(kept)
+            self.checkpoint("deleted chunk")
+        store.set_state(self.conn, batch, store.DELETED)
+        self.checkpoint("deleted")
+
+    def delete_payloads(self, batch: store.Batch) -> None:
+        # A file a message still names (one kept above) stays.
+        rows = self.conn.execute(
+            f"SELECT payload_file FROM {tables.MESSAGE} WHERE payload_file = ANY(%s)",  # noqa: S608
+            [batch.payload_files],
+        )
+        still_named = {row[0] for row in rows}
+        for name in batch.payload_files:
+            if name not in still_named:
+                self.payloads.remove(name)
+        io.delete(self.spark, f"{self.config.archive_path}/_staging/{batch.key}")
+        store.set_state(self.conn, batch, store.DONE)
+        self.checkpoint("done")
+
+
+def run_archive(
+    spark: SparkSession,
+    config: EtlConfig,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    now: datetime | None = None,
+    payloads: PayloadFiles | None = None,
+    checkpoint: Checkpoint = _no_checkpoint,
+) -> ArchiveResult:
+    """Archive messages received before `until` (default: `retention_days` ago) whose jobs are
+    all DELIVERED or DEAD, with their jobs and attempts, then delete them from PostgreSQL."""
+    if until is None:
+        if not config.retention_days:
+            return ArchiveResult()  # retention 0 keeps everything
+        until = (now or datetime.now(UTC)) - timedelta(days=config.retention_days)
+    with store.connect(config) as conn:
+        store.ensure_tables(conn)
+        if not store.try_archive_lock(conn):
+            raise ArchiveBusy("another archive run is in progress")
+        archiver = Archiver(
+            spark, config, conn, payloads or PayloadFiles(config.payload_dir), checkpoint
+        )
+        return archiver.run(until, since)
