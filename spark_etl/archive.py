@@ -154,36 +154,36 @@ class Archiver:
     def read_batch(self, batch: store.Batch) -> dict[str, DataFrame]:
         in_batch = f"SELECT unnest(message_ids) FROM {tables.ARCHIVE_BATCH} WHERE id = {batch.id}"  # noqa: S608
         placed = "m.channel_id AS channel, (m.received_at AT TIME ZONE 'UTC')::date AS date"
-        messages = io.read_query(
-            self.spark,
-            self.config,
+        messages = self.read_of_batch(
+            batch,
             f"SELECT m.*, {placed} FROM {tables.MESSAGE} m WHERE m.id IN ({in_batch})",  # noqa: S608
             partition_column="id",
-            bounds=batch.bounds,
         )
-        jobs = io.read_query(
-            self.spark,
-            self.config,
+        jobs = self.read_of_batch(
+            batch,
             f"SELECT j.*, {placed} FROM {tables.JOB} j JOIN {tables.MESSAGE} m"  # noqa: S608
             f" ON m.id = j.message_id WHERE j.message_id IN ({in_batch})",
-            partition_column="message_id",
-            bounds=batch.bounds,
         )
-        attempts = io.read_query(
-            self.spark,
-            self.config,
+        attempts = self.read_of_batch(
+            batch,
             f"SELECT a.*, j.message_id, {placed} FROM {tables.ATTEMPT} a"  # noqa: S608
             f" JOIN {tables.JOB} j ON j.id = a.job_id"
             f" JOIN {tables.MESSAGE} m ON m.id = j.message_id"
             f" WHERE j.message_id IN ({in_batch})",
-            partition_column="message_id",
-            bounds=batch.bounds,
         )
         return {
             "messages": self.with_offloaded_payloads(messages, batch),
             "jobs": jobs,
             "attempts": attempts,
         }
+
+    def read_of_batch(
+        self, batch: store.Batch, sql: str, partition_column: str = "message_id"
+    ) -> DataFrame:
+        """Rows of the batch's messages, read in partitions over the batch's message ID range."""
+        return io.read_query(
+            self.spark, self.config, sql, partition_column=partition_column, bounds=batch.bounds
+        )
 
     def with_offloaded_payloads(self, messages: DataFrame, batch: store.Batch) -> DataFrame:
         """The archive keeps every payload: offloaded ones are read from storage into the row."""
