@@ -1,6 +1,6 @@
 """`broker_settings`: the broker's own settings (`BROKER_*`), typed, with their defaults.
 
-The settings are declared once, in `broker/settings_catalog.py` (`BrokerSettings`). Code reads
+The settings are declared once, in `broker/settings_catalog/` (`BrokerSettings`). Code reads
 them here, from Django's settings at each access, so `override_settings` works in tests and a
 project that installs the apps (`pip install .`) needs to set only what it changes: a setting it
 leaves out has its declared default. An undeclared name is an AttributeError (and a mypy error).

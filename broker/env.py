@@ -1,6 +1,6 @@
 """Reading configuration from the environment, for Django.
 
-The variables themselves are declared, and parsed, in `broker/settings_catalog.py` (no Django
+The variables themselves are declared, and parsed, in `broker/settings_catalog/` (no Django
 there). These helpers keep Django's contract for code that configures Django: every one fails
 loudly with ImproperlyConfigured naming the variable and the bad value, instead of falling back
 silently, since a typo in production configuration must stop the process at start-up, not change

@@ -11,7 +11,7 @@ from broker.logs import logging_config
 from broker.settings_catalog import BrokerSettings, ServerEnvironment
 
 # Every variable below is declared, with its type, default and bounds, in
-# broker/settings_catalog.py; a bad value raises ConfigError there, which manage.py and the
+# broker/settings_catalog/; a bad value raises ConfigError there, which manage.py and the
 # WSGI/ASGI modules turn into one line.
 _env = ServerEnvironment.from_environment(os.environ)
 

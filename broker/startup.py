@@ -1,7 +1,7 @@
 """Loading the settings at start-up: a bad value ends the process with one line, not a traceback.
 
 Django imports the settings module lazily, deep inside whatever first needs a setting, so a
-ConfigError from broker/settings_catalog.py (or an ImproperlyConfigured from broker/env.py or the
+ConfigError from broker/settings_catalog/ (or an ImproperlyConfigured from broker/env.py or the
 gateway check) would surface as a long traceback. The entry points (manage.py, broker.wsgi,
 broker.asgi) load the settings first through `load_settings_or_exit` instead.
 """

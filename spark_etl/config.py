@@ -1,7 +1,7 @@
 """Settings of the pipeline, read from the environment (no Django: this runs under spark-submit).
 
 The broker's own variables (DATABASE_URL, BROKER_RETENTION_DAYS, BROKER_PAYLOAD_DIR) are read as
-the broker reads them, through broker/settings_catalog.py (which imports no Django either); the
+the broker reads them, through broker/settings_catalog/ (which imports no Django either); the
 SPARK_ETL_* ones with the same parsers.
 
 The manage.py wrapper (`jobs/management/commands/spark_etl.py`) builds the same `EtlConfig`

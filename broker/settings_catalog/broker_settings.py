@@ -1,0 +1,165 @@
+"""`BrokerSettings`: the broker's own settings (`BROKER_*`: the API, delivery, retries, payloads,
+encryption, retention, the gateway's signatures, the broadcast rate limit), read by code through
+`broker.conf.broker_settings`."""
+
+from __future__ import annotations
+
+from broker.settings_catalog.kinds import Choice, Flag, Integer, Integers, Items, Number, Text
+from broker.settings_catalog.setting import BROKER, GATEWAY, RATE_LIMIT, Setting, SettingGroup
+
+GATEWAY_AUTH_MODES = ("none", "hmac")
+
+
+class BrokerSettings(SettingGroup, section=BROKER):
+    """The broker's own settings (names from docs/configuration.md), which code reads through
+    `broker.conf.broker_settings`; each is also read from the environment variable of its name."""
+
+    BROKER_ADMIN_TOKENS = Setting(
+        Items(),
+        [],
+        "comma-separated bearer tokens accepted as admin on the API",
+        secret=True,
+    )
+    BROKER_OPEN_ADMIN_API = Setting(
+        Flag(), False, "webhook-broker's open admin API, for trusted networks only"
+    )
+    BROKER_PUBLIC_STATUS = Setting(
+        Flag(),
+        True,
+        "`/_status` answers anyone (load balancer probes; it shows only health and version);"
+        " `false`: admins only",
+    )
+    BROKER_PUBLIC_METRICS = Setting(
+        Flag(),
+        False,
+        "`/metrics` answers anyone; by default admins only (Prometheus can send a bearer token)",
+    )
+    BROKER_ALLOW_PRIVATE_CALLBACKS = Setting(
+        Flag(),
+        False,
+        "allow callback URLs on private, loopback or link-local addresses",
+    )
+    BROKER_DELIVERY_TIMEOUT_SECONDS = Setting(
+        Integer(minimum=1),
+        30,
+        "push request timeout; also the base of every lease",
+    )
+    BROKER_CONSUMER_TOKEN_HEADER = Setting(
+        Text(),
+        "X-Broker-Consumer-Token",
+        "the header that carries the consumer's token on push deliveries",
+    )
+    BROKER_DELIVERY_USER_AGENT = Setting(
+        Text(),
+        "",  # jobs/dispatch.py: webhook-broker-django/<version>
+        "the `User-Agent` of push deliveries (webhook-broker's `[consumer-connection]"
+        " user-agent`; set `Webhook Message Broker` for receivers that filter on its value)",
+        shown_default="`webhook-broker-django/<version>`",
+    )
+    BROKER_RATIONAL_DELAY_SECONDS = Setting(Integer(minimum=0), 2, "grace added to every lease")
+    BROKER_RETRY_DELAYS = Setting(
+        Integers(minimum=0),
+        [30, 120, 600, 1800, 3600, 7200, 21600, 43200],
+        "seconds before each retry: 8 retries (9 attempts) over about 22 hours",
+    )
+    BROKER_RETRY_JITTER = Setting(
+        Number(minimum=0.0, maximum=1.0),
+        0.2,
+        "± fraction applied to each delay (0 disables)",
+    )
+    BROKER_CIRCUIT_FAILURE_THRESHOLD = Setting(
+        Integer(minimum=0),
+        5,
+        "consecutive failures that open a consumer's circuit (0 disables)",
+    )
+    BROKER_CIRCUIT_COOLDOWN_SECONDS = Setting(
+        Integer(minimum=1),
+        30,
+        "first cooldown of an open circuit; doubles up to 3600",
+    )
+    BROKER_MAX_JOB_AGE_SECONDS = Setting(
+        Integer(minimum=0),
+        3 * 86400,
+        "a push job still undelivered this long after it was queued (published, released,"
+        " requeued or replayed) goes DEAD as `expired`; a consumer's `maxJobAge` overrides it;"
+        " 0: no limit ([dispatcher.md](dispatcher.md#age-limit))",
+        shown_default="`259200` (3 days)",
+    )
+    BROKER_MIN_SCHEDULE_DELAY_SECONDS = Setting(
+        Integer(minimum=0),
+        120,
+        "earliest allowed `X-Broker-Scheduled-For`, in seconds from now (`412` if sooner); not"
+        " applied to `publish(scheduled_for=…)` (see [scheduled.md](scheduled.md))",
+    )
+    BROKER_PAYLOAD_OFFLOAD_BYTES = Setting(
+        Integer(minimum=1),
+        262144,
+        "payloads above this (256 KiB) are kept in the payload storage instead of the database;"
+        " at or below, in the message row",
+    )
+    BROKER_MAX_PAYLOAD_BYTES = Setting(
+        Integer(minimum=1), 5242880, "larger payloads are refused (413)"
+    )
+    BROKER_PAYLOAD_STORAGE = Setting(
+        Text(),
+        "broker_payloads",
+        "the key of Django's `STORAGES` that holds offloaded payloads (see"
+        " [below](#payload-storage))",
+    )
+    BROKER_ENCRYPTION_KEYS = Setting(
+        Items(),
+        [],
+        "Fernet keys, newest first, that encrypt consumer tokens and signing secrets at rest"
+        " ([below](#encryption-keys))",
+        secret=True,
+        shown_default="derived from `DJANGO_SECRET_KEY`",
+    )
+    BROKER_RETENTION_DAYS = Setting(
+        Integer(minimum=0),
+        30,
+        "housekeeping deletes fully delivered messages older than this, with their jobs and"
+        " attempts (0 keeps them for ever); also `spark_etl archive`'s age limit",
+    )
+    BROKER_GATEWAY_AUTH_MODE = Setting(
+        Choice(GATEWAY_AUTH_MODES),
+        "none",
+        "`none`: no check; `hmac`: every request outside the exempt paths needs a valid"
+        " `X-Broker-Signature`",
+        section=GATEWAY,
+    )
+    BROKER_GATEWAY_HMAC_SECRET = Setting(
+        Text(),
+        "",
+        "the shared secret, base64 (`openssl rand -base64 32`); required, and must decode, with"
+        " `hmac` (start-up stops otherwise, without echoing it)",
+        section=GATEWAY,
+        secret=True,
+    )
+    BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS = Setting(
+        Integer(minimum=1),
+        300,
+        "how far `t` may be from the broker's clock, either way",
+        section=GATEWAY,
+    )
+    BROKER_GATEWAY_AUTH_EXEMPT_PATHS = Setting(
+        Items(),
+        ["/_status", "/metrics"],
+        "comma-separated path prefixes that need no signature (probes and Prometheus cannot"
+        " sign); empty: none",
+        section=GATEWAY,
+    )
+    BROKER_BROADCAST_RATE_LIMIT = Setting(
+        Number(minimum=0.0, maximum=1e6),
+        0.0,
+        "HTTP broadcasts per second allowed per producer, sustained (`0.5` is one every two"
+        " seconds); `0` turns the limiter off",
+        section=RATE_LIMIT,
+        shown_default="`0` (off)",
+    )
+    BROKER_BROADCAST_BURST = Setting(
+        Integer(minimum=0),
+        0,
+        "broadcasts a producer may send at once after a quiet spell",
+        section=RATE_LIMIT,
+        shown_default="`0` (= one second's worth, at least 1)",
+    )

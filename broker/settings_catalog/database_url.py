@@ -1,0 +1,62 @@
+"""DATABASE_URL's forms, parsed once for Django (broker/env.py) and spark_etl (spark_etl/config.py).
+Messages never echo the URL, which may hold a password."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+
+from broker.settings_catalog.kinds import ConfigError
+
+
+@dataclass(frozen=True)
+class DatabaseUrl:
+    """DATABASE_URL's parts; empty strings and None where it says nothing (libpq's defaults)."""
+
+    engine: str  # "sqlite" or "postgresql"
+    name: str
+    user: str = ""
+    password: str = ""
+    host: str = ""
+    port: int | None = None
+    options: dict[str, str] = field(default_factory=dict)  # the query: libpq options
+
+
+def parse_database_url(url: str) -> DatabaseUrl:
+    """`sqlite:///relative.sqlite3`, `sqlite:////absolute/path.sqlite3`, `sqlite://:memory:`, or
+    `postgres://user:password@host:port/name?sslmode=require`. Messages never echo the URL,
+    which may hold a password."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        return DatabaseUrl(engine="sqlite", name=_sqlite_name(parts))
+    if parts.scheme in {"postgres", "postgresql"}:
+        return _postgres_url(parts)
+    raise ConfigError(
+        f"DATABASE_URL scheme {parts.scheme!r} is not supported (use sqlite:// or postgres://)."
+    )
+
+
+def _sqlite_name(parts: SplitResult) -> str:
+    if parts.netloc == ":memory:":
+        return ":memory:"
+    if parts.path.startswith("/") and len(parts.path) > 1:
+        return parts.path[1:]  # sqlite:///x.db -> "x.db"; sqlite:////abs/x.db -> "/abs/x.db"
+    raise ConfigError("DATABASE_URL for SQLite needs a file: sqlite:///broker.sqlite3")
+
+
+def _postgres_url(parts: SplitResult) -> DatabaseUrl:
+    if not parts.path.strip("/"):
+        raise ConfigError("DATABASE_URL for PostgreSQL needs a database name.")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError("DATABASE_URL has an invalid port.") from None
+    return DatabaseUrl(
+        engine="postgresql",
+        name=unquote(parts.path.strip("/")),
+        user=unquote(parts.username or ""),
+        password=unquote(parts.password or ""),
+        host=parts.hostname or "",
+        port=port,
+        options=dict(parse_qsl(parts.query)),
+    )
