@@ -68,27 +68,6 @@ def receiver():
     running.stop()
 
 
-@pytest.fixture
-def page(monkeypatch):
-    """A headless Chromium page (tests/browser.py), closed after the test."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.browser import CHROMIUM, CHROMIUM_ARGS
-
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
-    # between browser steps are still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.set_default_timeout(10_000)
-        yield page
-        browser.close()
-        # The ORM work of the test ran in the context Playwright's sync API set up; its
-        # connection would outlive the test and block the test database's teardown.
-        connection.close()
-
-
 @pytest.fixture(scope="session")
 def installed_broker(tmp_path_factory):
     """The broker's wheel in a fresh venv, as a host project has it (tests/packaging.py)."""

@@ -12,9 +12,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from tests import ROOT
 from tests.clock import skip_if_moved
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_dispatcher(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
