@@ -59,6 +59,33 @@ def admin_client(client, settings):
 
 
 @pytest.fixture
+def superuser_client(client):
+    """The test client logged in as a Django superuser, "ops" (password "pw")."""
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
+    return client
+
+
+@pytest.fixture
+def channel():
+    """The "orders" channel and the "shop" producer, with tests/helpers.py's tokens. A module that
+    needs another set-up (with consumers, without a producer...) defines a `channel` of its own."""
+    from tests.helpers import make_channel, make_producer
+
+    make_producer()
+    return make_channel()
+
+
+@pytest.fixture
+def dispatcher():
+    """A dispatcher of the test process, run a step at a time (tests/delivery.py: run_once)."""
+    from jobs.dispatch import Dispatcher, DispatcherConfig
+
+    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
+
+
+@pytest.fixture
 def receiver():
     """A webhook receiver on loopback (tests/receiver.py), stopped after the test."""
     from tests.receiver import Receiver

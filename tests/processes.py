@@ -49,6 +49,28 @@ def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Po
     )
 
 
+def operator_environment(**variables: str) -> dict[str, str]:
+    """The environment of a broker process started as an operator starts it: manage.py's own
+    settings (not tests.settings), a SQLite file that is never created unless `variables` set
+    DATABASE_URL, and `variables`; for the errors of start-up."""
+    environment = {**os.environ, "DATABASE_URL": "sqlite:///never-created.sqlite3", **variables}
+    environment.pop("DJANGO_SETTINGS_MODULE", None)
+    return environment
+
+
+def run_manage(*arguments: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    """`manage.py <arguments>` run to its end in operator_environment(**variables)."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *arguments],
+        cwd=ROOT,
+        env=operator_environment(**variables),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 def wait_until(condition, seconds: float) -> float:
     """Poll until `condition()` is true; return how long it took (fail after `seconds`)."""
     started = time.monotonic()

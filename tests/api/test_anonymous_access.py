@@ -11,6 +11,8 @@ with the JSON error and change nothing.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -66,6 +68,19 @@ def fill(path: str, values: dict[str, str]) -> str:
     return path
 
 
+def each_guarded_operation(client, rows) -> Iterator[tuple[str, str, str, Any]]:
+    """Every operation of the schema but the public ones, called by `client` on `rows`:
+    (method, path template, path, response). None of them may change a row."""
+    for method, template in operations():
+        if (method, template) in PUBLIC:
+            continue
+        path = fill(template, rows)
+        before = snapshot()
+        response = client.generic(method, path, BODIES.get(method, ""), content_type=FORM)
+        assert snapshot() == before, (method, path)
+        yield method, template, path, response
+
+
 def test_the_schema_lists_the_operations():
     found = operations()
     assert len(found) >= 40
@@ -75,19 +90,12 @@ def test_the_schema_lists_the_operations():
 
 @pytest.mark.django_db(transaction=True)
 def test_every_operation_refuses_anonymous_callers_and_changes_nothing(rows):
-    client = Client()
     refused = []
-    for method, template in operations():
-        if (method, template) in PUBLIC:
-            continue
-        path = fill(template, rows)
-        before = snapshot()
-        response = client.generic(method, path, BODIES.get(method, ""), content_type=FORM)
+    for method, template, path, response in each_guarded_operation(Client(), rows):
         body = json.loads(response.content)
         expected = REFUSED_WITH.get((method, template), 401)
         assert response.status_code == expected, (method, path, response.status_code, body)
         assert set(body) == {"Error"}
-        assert snapshot() == before, (method, path)
         refused.append(path)
     assert len(refused) >= 40
 
@@ -96,16 +104,10 @@ def test_every_operation_refuses_anonymous_callers_and_changes_nothing(rows):
 def test_a_logged_in_user_who_is_not_an_admin_is_refused(client, rows, is_staff):
     user = User.objects.create_user("someone", password="pw", is_staff=is_staff)
     client.force_login(user)
-    for method, template in operations():
-        if (method, template) in PUBLIC:
-            continue
-        path = fill(template, rows)
-        before = snapshot()
-        response = client.generic(method, path, BODIES.get(method, ""), content_type=FORM)
+    for method, template, path, response in each_guarded_operation(client, rows):
         # Admin endpoints: 403 (authenticated, not allowed); token endpoints: 401 (no token).
         expected = {REFUSED_WITH.get((method, template), 401), 403}
         assert response.status_code in expected, (method, path, response.status_code)
-        assert snapshot() == before, (method, path)
 
 
 def test_status_is_public_by_default_and_can_be_closed(client, settings, rows):

@@ -6,16 +6,11 @@ import pytest
 
 from broker.models import Message
 from jobs.models import Job
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import BROADCAST_HEADERS, make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db
 
 URL = "/channel/orders/broadcast"
-AUTH = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +21,9 @@ def setup():
 
 
 def broadcast(client, body=b'{"id": 1}', content_type="application/json", **headers):
-    return client.post(URL, body, content_type=content_type, headers={**AUTH, **headers})
+    return client.post(
+        URL, body, content_type=content_type, headers={**BROADCAST_HEADERS, **headers}
+    )
 
 
 def test_broadcast_stores_the_message_and_its_jobs(client, setup):
@@ -50,7 +47,9 @@ def test_a_generated_message_id_is_in_location(client):
 
 def test_content_type_is_kept_verbatim_and_defaults_to_octet_stream(client):
     broadcast(client, b"a,b", "text/csv; charset=utf-8", **{"X-Broker-Message-ID": "csv"})
-    client.generic("POST", URL, b"\x00\x01", headers={**AUTH, "X-Broker-Message-ID": "raw"})
+    client.generic(
+        "POST", URL, b"\x00\x01", headers={**BROADCAST_HEADERS, "X-Broker-Message-ID": "raw"}
+    )
 
     assert Message.objects.get(public_id="csv").content_type == "text/csv; charset=utf-8"
     raw = Message.objects.get(public_id="raw")
@@ -96,7 +95,9 @@ def test_metadata_headers_named_in_the_header_are_kept(client):
     ],
 )
 def test_refused_broadcasts_change_nothing(client, url, headers, status):
-    response = client.post(url, b"payload", content_type="text/plain", headers={**AUTH, **headers})
+    response = client.post(
+        url, b"payload", content_type="text/plain", headers={**BROADCAST_HEADERS, **headers}
+    )
 
     assert response.status_code == status
     assert response.json()["Error"]
@@ -167,7 +168,7 @@ def test_lookalike_numbers_and_control_characters_are_400(client, content_type, 
 
 
 def test_nul_bytes_never_reach_the_database(client):
-    in_path = client.post("/channel/a%00b/broadcast", b"x", "text/plain", headers=AUTH)
+    in_path = client.post("/channel/a%00b/broadcast", b"x", "text/plain", headers=BROADCAST_HEADERS)
     in_header = broadcast(client, **{"X-Broker-Producer-ID": "sh\x00op"})
 
     assert (in_path.status_code, in_header.status_code) == (404, 401)

@@ -12,7 +12,6 @@ from urllib.parse import urlencode
 
 import pytest
 import time_machine
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.utils.http import http_date
@@ -24,7 +23,7 @@ from jobs.models import Job
 from jobs.queue import take_for_pull
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.conftest import ADMIN_TOKEN
-from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
+from tests.helpers import PULL_HEADERS, make_consumer, make_consumer_with_token
 
 pytestmark = pytest.mark.django_db
 
@@ -32,22 +31,11 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-PULL_TOKENS = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Consumer-Token": "consumer-token",
-}
-
-
-@pytest.fixture
-def channel():
-    channel = make_channel()
-    make_producer()
-    return channel
 
 
 @pytest.fixture
 def worker(channel):
-    """A pull consumer with the tokens in PULL_TOKENS."""
+    """A pull consumer with the tokens in PULL_HEADERS."""
     return make_consumer_with_token(channel, "worker")
 
 
@@ -250,7 +238,7 @@ def test_circuit_close_of_a_closed_circuit_is_202(admin_client, channel):
 
 
 def queued(client) -> list[str]:
-    response = client.get("/channel/orders/consumer/worker/queued-jobs", headers=PULL_TOKENS)
+    response = client.get("/channel/orders/consumer/worker/queued-jobs", headers=PULL_HEADERS)
     assert response.status_code == 200
     return [item["Message"]["MessageID"] for item in response.json()["Result"]]
 
@@ -260,7 +248,7 @@ def claim(client, **form) -> list[str]:
         "/channel/orders/consumer/worker/claim",
         urlencode(form),
         content_type=FORM,
-        headers=PULL_TOKENS,
+        headers=PULL_HEADERS,
     )
     assert response.status_code == 200
     return [item["Message"]["MessageID"] for item in response.json()["Result"]]
@@ -271,7 +259,7 @@ def move(client, job: Job, state: str):
         f"/channel/orders/consumer/worker/job/{job.public_id}",
         json.dumps({"NextState": state}),
         content_type=JSON,
-        headers=PULL_TOKENS,
+        headers=PULL_HEADERS,
     )
 
 
@@ -367,19 +355,13 @@ def test_claim_long_poll_of_a_paused_consumer_gets_jobs_once_resumed(admin_clien
 # Django admin
 
 
-@pytest.fixture
-def staff_client(client):
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
-    return client
-
-
-def test_admin_list_shows_pause_and_circuit(staff_client, channel):
+def test_admin_list_shows_pause_and_circuit(superuser_client, channel):
     consumer = make_consumer(channel)
     Consumer.objects.filter(pk=consumer.pk).update(
         paused=True, circuit_failures=5, circuit_open_until=T0 + timedelta(days=3650)
     )
 
-    page = staff_client.get("/admin/consumers/consumer/").content.decode()
+    page = superuser_client.get("/admin/consumers/consumer/").content.decode()
 
     assert "column-circuit" in page
     assert ">open<" in page
@@ -389,11 +371,11 @@ def test_admin_list_shows_pause_and_circuit(staff_client, channel):
     ("action", "paused", "message"),
     [("pause", True, "Paused 2 consumer(s)."), ("resume", False, "Resumed 2 consumer(s).")],
 )
-def test_admin_pause_and_resume_actions(staff_client, channel, action, paused, message):
+def test_admin_pause_and_resume_actions(superuser_client, channel, action, paused, message):
     first, second = make_consumer(channel, "a"), make_consumer(channel, "b")
     Consumer.objects.filter(pk=second.pk).update(paused=not paused)
 
-    response = staff_client.post(
+    response = superuser_client.post(
         "/admin/consumers/consumer/",
         {"action": action, "_selected_action": [first.pk, second.pk]},
         follow=True,
@@ -404,13 +386,13 @@ def test_admin_pause_and_resume_actions(staff_client, channel, action, paused, m
     assert {paused_in_db(first), paused_in_db(second)} == {paused}
 
 
-def test_admin_close_circuit_action(staff_client, channel):
+def test_admin_close_circuit_action(superuser_client, channel):
     consumer = make_consumer(channel)
     Consumer.objects.filter(pk=consumer.pk).update(
         circuit_failures=5, circuit_open_until=T0, circuit_cooldown_seconds=60
     )
 
-    staff_client.post(
+    superuser_client.post(
         "/admin/consumers/consumer/",
         {"action": "close_circuit", "_selected_action": [consumer.pk]},
     )
@@ -424,7 +406,7 @@ def test_a_paused_push_consumer_holds_everything_and_resume_delivers_it(
     admin_client, channel, receiver
 ):
     from jobs.dispatch import Dispatcher
-    from tests.dispatch.test_dispatch import push_consumer, run_once
+    from tests.delivery import push_consumer, run_once
 
     push_consumer(channel, receiver)
     dispatcher = Dispatcher()

@@ -11,12 +11,10 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import pytest
 import time_machine
 
-from broker import publish
 from consumers.models import Consumer
 from jobs.models import Job
-from jobs.queue import take_for_pull
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
-from tests.helpers import make_channel, make_consumer_with_token, make_producer
+from tests.helpers import make_channel, make_consumer_with_token, pull_job
 
 pytestmark = pytest.mark.django_db
 
@@ -32,13 +30,6 @@ def admin_token(settings):
 
 
 @pytest.fixture
-def channel():
-    channel = make_channel()
-    make_producer()
-    return channel
-
-
-@pytest.fixture
 def worker(channel):
     return make_consumer_with_token(channel)
 
@@ -51,20 +42,9 @@ def jobs_of(
     consumer: Consumer, count: int = 1, status: JobStatus = DEAD, at: datetime | None = None
 ) -> list[Job]:
     """`count` jobs of `consumer` brought to `status` through the state machine, at time `at`."""
-    jobs = []
     clock = time_machine.travel(at, tick=False) if at else contextlib.nullcontext()
     with clock:
-        for _ in range(count):
-            message = publish(consumer.channel_id, {"order": 1}, producer="shop")
-            job = Job.objects.get(message=message, consumer=consumer)
-            if status != QUEUED:
-                take_for_pull(job)
-            if status == DELIVERED:
-                job.mark_delivered()
-            if status == DEAD:
-                job.mark_dead("HTTP 500")
-            jobs.append(job)
-    return jobs
+        return [pull_job(consumer, status, error="HTTP 500") for _ in range(count)]
 
 
 def everything() -> list[Mapping[str, object]]:

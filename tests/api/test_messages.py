@@ -9,16 +9,9 @@ import pytest
 from broker import publish
 from jobs.models import Job
 from jobs.states import DEAD
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import make_consumer
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def channel():
-    channel = make_channel("orders")
-    make_producer("shop")
-    return channel
 
 
 def test_a_message_with_its_jobs(admin_client, channel):

@@ -20,23 +20,15 @@ from broker import publish
 from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
 from jobs.models import Job
-from jobs.queue import take_for_pull
 from jobs.queue.leases import LEASE_EXPIRED, sweep_expired_leases
-from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
-from tests.helpers import make_channel, make_consumer_with_token, make_producer
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
+from tests.helpers import at_once, make_consumer_with_token, pull_job
 
 pytestmark = pytest.mark.django_db
 
 JSON = "application/json"
 FORM = "application/x-www-form-urlencoded"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def channel():
-    channel = make_channel()
-    make_producer()
-    return channel
 
 
 @pytest.fixture
@@ -61,19 +53,6 @@ def url(consumer_id: str = "worker", tail: str = "queued-jobs") -> str:
 
 def job_url(job: Job) -> str:
     return url(job.consumer.public_id, f"job/{job.public_id}")
-
-
-def job_for(consumer: Consumer, status: JobStatus = QUEUED, **publish_args) -> Job:
-    """A job of `consumer`, brought to `status` through the state machine."""
-    message = publish("orders", {"order": 1}, producer="shop", **publish_args)
-    job = Job.objects.get(message=message, consumer=consumer)
-    if status != QUEUED:
-        take_for_pull(job)
-    if status == DELIVERED:
-        job.mark_delivered()
-    if status == DEAD:
-        job.mark_dead("gave up")
-    return job
 
 
 def snapshot(job: Job) -> Mapping[str, object]:
@@ -147,7 +126,7 @@ def test_queued_jobs_limit_defaults_to_25_and_is_clamped_at_100(client, worker, 
 
 
 def test_queued_jobs_limit_zero_returns_nothing(client, worker):
-    job_for(worker)
+    pull_job(worker)
 
     response = client.get(url(), {"limit": 0}, headers=tokens())
 
@@ -164,7 +143,7 @@ def test_queued_jobs_rejects_a_limit_that_is_not_a_natural_number(client, worker
 
 
 def test_queued_jobs_shows_each_job_with_its_message(client, worker):
-    job = job_for(worker, message_id="order-1", priority=3, headers={"X-Trace": "abc"})
+    job = pull_job(worker, message_id="order-1", priority=3, headers={"X-Trace": "abc"})
 
     response = client.get(url(), headers=tokens())
 
@@ -188,9 +167,9 @@ def test_queued_jobs_shows_each_job_with_its_message(client, worker):
 
 
 def test_queued_jobs_lists_only_queued_jobs(client, worker):
-    queued = job_for(worker, message_id="queued")
+    queued = pull_job(worker, message_id="queued")
     for status in (INFLIGHT, DELIVERED, DEAD):
-        job_for(worker, status)
+        pull_job(worker, status)
 
     assert queued_ids(client) == [queued.message.public_id]
 
@@ -199,7 +178,7 @@ def test_queued_jobs_lists_only_queued_jobs(client, worker):
 
 
 def test_job_shows_webhook_brokers_hyperlinked_fields(client, worker):
-    job = job_for(worker, message_id="order-1")
+    job = pull_job(worker, message_id="order-1")
 
     body = client.get(job_url(job), headers=tokens()).json()
 
@@ -216,7 +195,7 @@ def test_job_shows_webhook_brokers_hyperlinked_fields(client, worker):
 
 @pytest.mark.parametrize("status", [INFLIGHT, DELIVERED])
 def test_job_requeue_url_is_empty_unless_the_job_is_dead(client, worker, status):
-    job = job_for(worker, status)
+    job = pull_job(worker, status)
 
     body = client.get(job_url(job), headers=tokens()).json()
 
@@ -224,7 +203,7 @@ def test_job_requeue_url_is_empty_unless_the_job_is_dead(client, worker, status)
 
 
 def test_a_dead_job_links_to_its_requeue(client, worker):
-    job = job_for(worker, DEAD)
+    job = pull_job(worker, DEAD)
 
     body = client.get(job_url(job), headers=tokens()).json()
 
@@ -243,7 +222,7 @@ def test_a_dead_job_links_to_its_requeue(client, worker):
     [(QUEUED, INFLIGHT), (INFLIGHT, DELIVERED), (INFLIGHT, DEAD), (DEAD, INFLIGHT)],
 )
 def test_allowed_transitions_are_accepted(client, worker, source, target):
-    job = job_for(worker, source)
+    job = pull_job(worker, source)
 
     response = move(client, job, {"NextState": target})
 
@@ -255,7 +234,7 @@ def test_allowed_transitions_are_accepted(client, worker, source, target):
 
 @pytest.mark.parametrize("status", [QUEUED, INFLIGHT, DELIVERED, DEAD])
 def test_asking_for_the_current_state_is_accepted_and_changes_nothing(client, worker, status):
-    job = job_for(worker, status)
+    job = pull_job(worker, status)
     before = snapshot(job)
 
     response = move(client, job, {"NextState": status})
@@ -278,7 +257,7 @@ def test_asking_for_the_current_state_is_accepted_and_changes_nothing(client, wo
     ],
 )
 def test_transitions_a_pull_consumer_may_not_make_are_400(client, worker, source, target):
-    job = job_for(worker, source)
+    job = pull_job(worker, source)
     before = snapshot(job)
 
     response = move(client, job, {"NextState": target})
@@ -303,7 +282,7 @@ def test_transitions_a_pull_consumer_may_not_make_are_400(client, worker, source
     ],
 )
 def test_malformed_transition_requests_are_400(client, worker, body):
-    job = job_for(worker)
+    job = pull_job(worker)
     before = snapshot(job)
 
     response = move(client, job, body)
@@ -317,7 +296,7 @@ def test_malformed_transition_requests_are_400(client, worker, body):
     [(QUEUED, DELIVERED), (INFLIGHT, DEAD), (INFLIGHT, DELIVERED), (INFLIGHT, INFLIGHT)],
 )
 def test_incremental_timeout_is_400_unless_the_job_goes_inflight(client, worker, status, target):
-    job = job_for(worker, status)
+    job = pull_job(worker, status)
     before = snapshot(job)
 
     response = move(client, job, {"NextState": target, "IncrementalTimeout": 10})
@@ -328,7 +307,7 @@ def test_incremental_timeout_is_400_unless_the_job_goes_inflight(client, worker,
 
 
 def test_a_zero_incremental_timeout_counts_as_none(client, worker):
-    job = job_for(worker, INFLIGHT)
+    job = pull_job(worker, INFLIGHT)
 
     response = move(client, job, {"NextState": "DELIVERED", "IncrementalTimeout": 0})
 
@@ -339,7 +318,7 @@ def test_a_zero_incremental_timeout_counts_as_none(client, worker):
 def test_taking_a_job_leases_it_for_the_delivery_timeout_plus_grace_plus_extra(
     client, worker, lease_settings, timeout, lease_seconds
 ):
-    job = job_for(worker)
+    job = pull_job(worker)
     body = {"NextState": "INFLIGHT"} | (
         {"IncrementalTimeout": timeout} if timeout is not None else {}
     )
@@ -355,7 +334,7 @@ def test_taking_a_job_leases_it_for_the_delivery_timeout_plus_grace_plus_extra(
 
 
 def test_lower_case_keys_work_as_in_go(client, worker, lease_settings):
-    job = job_for(worker)
+    job = pull_job(worker)
 
     with time_machine.travel(T0, tick=False):
         response = move(client, job, {"nextState": "INFLIGHT", "incrementalTimeout": 8})
@@ -369,7 +348,7 @@ def test_lower_case_keys_work_as_in_go(client, worker, lease_settings):
 def test_the_transition_body_is_read_as_json_whatever_its_content_type(
     client, worker, content_type
 ):
-    job = job_for(worker)
+    job = pull_job(worker)
 
     response = client.post(
         job_url(job), '{"NextState": "INFLIGHT"}', content_type=content_type, headers=tokens()
@@ -380,7 +359,7 @@ def test_the_transition_body_is_read_as_json_whatever_its_content_type(
 
 
 def test_retrying_a_dead_job_counts_an_attempt(client, worker, lease_settings):
-    job = job_for(worker, DEAD)
+    job = pull_job(worker, DEAD)
     Job.objects.filter(pk=job.pk).update(attempts=4)
 
     with time_machine.travel(T0, tick=False):
@@ -393,7 +372,7 @@ def test_retrying_a_dead_job_counts_an_attempt(client, worker, lease_settings):
 
 
 def test_reporting_failure_makes_the_job_dead_with_a_reason(client, worker):
-    job = job_for(worker, INFLIGHT)
+    job = pull_job(worker, INFLIGHT)
 
     response = move(client, job, {"NextState": "DEAD"})
 
@@ -405,7 +384,7 @@ def test_reporting_failure_makes_the_job_dead_with_a_reason(client, worker):
 
 
 def test_reporting_success_delivers_the_job(client, worker):
-    job = job_for(worker, INFLIGHT)
+    job = pull_job(worker, INFLIGHT)
 
     response = move(client, job, {"NextState": "DELIVERED"})
 
@@ -449,7 +428,7 @@ def test_token_problems_are_refused_before_anything_changes(
     client, channel, worker, channel_id, consumer_id, headers, expected, method, tail
 ):
     make_consumer_with_token(channel, "other", token="other-token")
-    job = job_for(worker, DEAD)
+    job = pull_job(worker, DEAD)
     before = snapshot(job)
     path = f"/channel/{channel_id}/consumer/{consumer_id}/{tail.format(job=job.public_id)}"
     if consumer_id == "nobody" and method == "delete":
@@ -465,7 +444,7 @@ def test_token_problems_are_refused_before_anything_changes(
 @pytest.mark.parametrize(("method", "tail"), PULL_ONLY)
 def test_push_consumers_get_412_from_the_pull_endpoints(client, channel, method, tail):
     pusher = make_consumer_with_token(channel, "pusher", type=Consumer.Type.PUSH)
-    job = job_for(pusher)
+    job = pull_job(pusher)
 
     response = call(client, method, url("pusher", tail.format(job=job.public_id)), tokens())
 
@@ -479,7 +458,7 @@ def test_push_consumers_get_412_from_the_pull_endpoints(client, channel, method,
 )
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
 def test_unknown_or_malformed_job_ids_are_404(client, worker, job_id, method):
-    job_for(worker, DEAD)
+    pull_job(worker, DEAD)
 
     response = call(client, method, url(tail=f"job/{job_id}"), tokens())
 
@@ -504,7 +483,7 @@ def other_spellings(job: Job) -> list[str]:
 
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
 def test_a_job_is_found_only_by_its_own_id(client, worker, method):
-    job = job_for(worker, DEAD)
+    job = pull_job(worker, DEAD)
 
     for spelling in other_spellings(job):
         response = call(client, method, url(tail=f"job/{spelling}"), tokens())
@@ -516,7 +495,7 @@ def test_a_job_is_found_only_by_its_own_id(client, worker, method):
 @pytest.mark.parametrize("method", ["get", "post", "delete"])
 def test_another_consumers_job_is_404(client, channel, worker, method):
     other = make_consumer_with_token(channel, "other", token="other-token")
-    job = job_for(other, DEAD)
+    job = pull_job(other, DEAD)
     before = snapshot(job)
 
     response = call(client, method, url(tail=f"job/{job.public_id}"), tokens())
@@ -527,7 +506,7 @@ def test_another_consumers_job_is_404(client, channel, worker, method):
 
 def test_another_consumers_dead_job_cannot_be_requeued(client, channel, worker):
     other = make_consumer_with_token(channel, "other", token="other-token")
-    job = job_for(other, DEAD)
+    job = pull_job(other, DEAD)
 
     response = client.post(url(tail=f"job/{job.public_id}/requeue-dead-job"), headers=tokens())
 
@@ -541,7 +520,7 @@ def test_another_consumers_dead_job_cannot_be_requeued(client, channel, worker):
 @pytest.mark.parametrize("kind", [Consumer.Type.PULL, Consumer.Type.PUSH])
 def test_requeue_dead_job_queues_it_again_with_attempts_reset(client, channel, kind):
     consumer = make_consumer_with_token(channel, type=kind)
-    job = job_for(consumer, DEAD)
+    job = pull_job(consumer, DEAD)
 
     response = client.post(job_url(job) + "/requeue-dead-job", headers=tokens())
 
@@ -552,7 +531,7 @@ def test_requeue_dead_job_queues_it_again_with_attempts_reset(client, channel, k
 
 @pytest.mark.parametrize("status", [QUEUED, INFLIGHT, DELIVERED])
 def test_requeue_of_a_job_that_is_not_dead_is_400(client, worker, status):
-    job = job_for(worker, status)
+    job = pull_job(worker, status)
     before = snapshot(job)
 
     response = client.post(job_url(job) + "/requeue-dead-job", headers=tokens())
@@ -564,7 +543,7 @@ def test_requeue_of_a_job_that_is_not_dead_is_400(client, worker, status):
 @pytest.mark.parametrize("kind", [Consumer.Type.PULL, Consumer.Type.PUSH])
 def test_delete_removes_a_dead_job(client, channel, kind):
     consumer = make_consumer_with_token(channel, type=kind)
-    job = job_for(consumer, DEAD)
+    job = pull_job(consumer, DEAD)
 
     response = client.delete(job_url(job), headers=tokens())
 
@@ -574,7 +553,7 @@ def test_delete_removes_a_dead_job(client, channel, kind):
 
 @pytest.mark.parametrize("status", [QUEUED, INFLIGHT, DELIVERED])
 def test_delete_of_a_job_that_is_not_dead_is_404(client, worker, status):
-    job = job_for(worker, status)
+    job = pull_job(worker, status)
 
     response = client.delete(job_url(job), headers=tokens())
 
@@ -589,7 +568,7 @@ def test_an_expired_lease_returns_the_job_to_the_queue_with_its_attempt_counted(
     worker, lease_settings
 ):
     with time_machine.travel(T0, tick=False) as traveller:
-        job = job_for(worker, INFLIGHT)
+        job = pull_job(worker, INFLIGHT)
         traveller.shift(33)
 
         assert sweep_expired_leases() == 1
@@ -603,7 +582,7 @@ def test_an_expired_lease_returns_the_job_to_the_queue_with_its_attempt_counted(
 @pytest.mark.parametrize("seconds_later", [0, 31, 32])
 def test_a_lease_that_has_not_expired_is_left_alone(worker, lease_settings, seconds_later):
     with time_machine.travel(T0, tick=False) as traveller:
-        job = job_for(worker, INFLIGHT)
+        job = pull_job(worker, INFLIGHT)
         before = snapshot(job)
         traveller.shift(seconds_later)
 
@@ -613,7 +592,7 @@ def test_a_lease_that_has_not_expired_is_left_alone(worker, lease_settings, seco
 
 
 def test_the_incremental_timeout_keeps_the_job_leased_longer(client, worker, lease_settings):
-    job = job_for(worker)
+    job = pull_job(worker)
     with time_machine.travel(T0, tick=False) as traveller:
         assert (
             move(client, job, {"NextState": "INFLIGHT", "IncrementalTimeout": 100}).status_code
@@ -644,7 +623,7 @@ def test_an_expired_lease_kills_the_job_once_its_attempts_are_used_up(
     worker.retry_delays = consumer_delays
     worker.save()
     with time_machine.travel(T0, tick=False) as traveller:
-        job = job_for(worker, INFLIGHT)
+        job = pull_job(worker, INFLIGHT)
         Job.objects.filter(pk=job.pk).update(attempts=attempts)
         traveller.shift(60)
 
@@ -657,7 +636,7 @@ def test_an_expired_lease_kills_the_job_once_its_attempts_are_used_up(
 
 def test_queued_jobs_sweeps_expired_leases_first(client, worker, lease_settings):
     with time_machine.travel(T0, tick=False) as traveller:
-        job = job_for(worker, INFLIGHT, message_id="order-1")
+        job = pull_job(worker, INFLIGHT, message_id="order-1")
         assert queued_ids(client) == []
         traveller.shift(33)
 
@@ -705,8 +684,8 @@ def test_claim_defaults_to_25_jobs_and_the_standard_lease(client, worker, lease_
 
 def test_claim_takes_only_this_consumers_due_jobs(client, channel, worker):
     make_consumer_with_token(channel, "other", token="other-token")
-    job_for(worker, message_id="due")
-    later = job_for(worker, message_id="later")
+    pull_job(worker, message_id="due")
+    later = pull_job(worker, message_id="later")
     Job.objects.filter(pk=later.pk).update(
         next_attempt_at=later.next_attempt_at + timedelta(hours=1)
     )
@@ -719,7 +698,7 @@ def test_claim_takes_only_this_consumers_due_jobs(client, channel, worker):
 
 
 def test_claim_of_zero_jobs_takes_nothing(client, worker):
-    job = job_for(worker)
+    job = pull_job(worker)
 
     response = claim(client, {"limit": 0})
 
@@ -729,7 +708,7 @@ def test_claim_of_zero_jobs_takes_nothing(client, worker):
 
 def test_claim_sweeps_expired_leases_first(client, worker, lease_settings):
     with time_machine.travel(T0, tick=False) as traveller:
-        job_for(worker, INFLIGHT, message_id="order-1")
+        pull_job(worker, INFLIGHT, message_id="order-1")
         traveller.shift(33)
 
         result = claim(client).json()["Result"]
@@ -742,7 +721,7 @@ def test_claim_sweeps_expired_leases_first(client, worker, lease_settings):
     [{"limit": -1}, {"limit": "many"}, {"timeout": 0}, {"wait": 3601}, {"wait": -1}],
 )
 def test_claim_rejects_bad_parameters(client, worker, body):
-    job = job_for(worker)
+    job = pull_job(worker)
 
     response = claim(client, body)
 
@@ -772,29 +751,20 @@ def test_claim_with_wait_returns_empty_when_nothing_arrives(client, worker):
 def test_competing_claims_never_hand_out_a_job_twice(channel, worker):
     for n in range(200):
         publish("orders", {"n": n}, producer="shop")
-    barrier = threading.Barrier(8)
     taken: list[str] = []
     statuses: list[int] = []
 
     def claim_until_empty() -> None:
         client = Client()
-        try:
-            barrier.wait()
-            while True:
-                response = claim(client, {"limit": 7, "timeout": 300})
-                statuses.append(response.status_code)
-                result = response.json()["Result"]
-                if not result:
-                    return
-                taken.extend(item["ID"] for item in result)
-        finally:
-            connection.close()
+        while True:
+            response = claim(client, {"limit": 7, "timeout": 300})
+            statuses.append(response.status_code)
+            result = response.json()["Result"]
+            if not result:
+                return
+            taken.extend(item["ID"] for item in result)
 
-    threads = [threading.Thread(target=claim_until_empty) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*[claim_until_empty] * 8)
 
     assert set(statuses) == {200}
     assert len(taken) == len(set(taken)) == 200
@@ -827,7 +797,7 @@ def test_claim_long_poll_answers_as_soon_as_a_job_is_published(client, channel, 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_racing_takes_of_one_job_count_one_attempt(channel, worker):
-    job = job_for(worker)
+    job = pull_job(worker)
     barrier = threading.Barrier(8)
     statuses: list[int] = []
 

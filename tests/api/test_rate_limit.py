@@ -14,7 +14,7 @@ from broker.models import Message
 from broker.ratelimit import TABLE, Limit, RateLimited, configured_limit, take_broadcast
 from jobs.models import Job
 from tests.db_snapshot import snapshot
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import at_once, make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db
 
@@ -174,24 +174,15 @@ def test_concurrent_broadcasts_from_many_connections_share_one_bucket(settings):
     settings.BROKER_BROADCAST_BURST = 10
     statuses: list[int] = []
     lock = threading.Lock()
-    start = threading.Barrier(8)
 
     def producer_process() -> None:
         client = Client()
-        start.wait()
-        try:
-            for _ in range(5):
-                status = broadcast(client).status_code
-                with lock:
-                    statuses.append(status)
-        finally:
-            connection.close()
+        for _ in range(5):
+            status = broadcast(client).status_code
+            with lock:
+                statuses.append(status)
 
-    threads = [threading.Thread(target=producer_process) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    at_once(*[producer_process] * 8)
 
     assert sorted(statuses) == [201] * 10 + [429] * 30
     assert Message.objects.count() == 10

@@ -6,12 +6,10 @@ a second time, and an ordered consumer still gets one message of a key at a time
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from broker import publish
@@ -25,8 +23,8 @@ from jobs.queue.rules import WAKEUP_CHANNEL
 from jobs.queue.wakeup import _connection_kwargs
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.conftest import FORM
-from tests.dispatch.test_dispatch import push_consumer, run_once, send
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.delivery import push_consumer, run_once, send
+from tests.helpers import at_once, make_channel, make_consumer
 
 pytestmark = pytest.mark.django_db
 
@@ -38,17 +36,6 @@ def no_jitter(settings):
     settings.BROKER_RETRY_JITTER = 0
     settings.BROKER_RETRY_DELAYS = [60]
     settings.BROKER_CIRCUIT_FAILURE_THRESHOLD = 0
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
-
-
-@pytest.fixture
-def dispatcher():
-    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
 
 
 def job_of(consumer_id: str, message_id: str = "m-1") -> Job:
@@ -394,24 +381,11 @@ def test_concurrent_replays_create_a_new_consumers_job_once(channel, receiver):
     message = Message.objects.get()
     late = Consumer.objects.get(public_id="late")
     created: list[list[str]] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(4)
 
     def replay_in_thread() -> None:
-        try:
-            start.wait()
-            created.append(replay(message, late).created)
-        except BaseException as error:
-            errors.append(error)
-        finally:
-            connection.close()
+        created.append(replay(message, late).created)
 
-    threads = [threading.Thread(target=replay_in_thread) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    at_once(*[replay_in_thread] * 4, timeout=30)
 
-    assert errors == []
     assert sorted(created) == [[], [], [], ["late"]]
     assert Job.objects.filter(consumer=late).count() == 1

@@ -3,7 +3,6 @@ settings, `broker_settings`, spark_etl, docs/configuration.md) derived from it."
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from broker.settings_catalog import (
     with_generated_tables,
 )
 from tests import ROOT
+from tests.processes import operator_environment, run_manage
 
 CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 
@@ -297,23 +297,9 @@ def test_the_doc_check_command_reports_drift(tmp_path):
 # --- Start-up: one line, not a traceback ----------------------------------------------------------
 
 
-def environment(**variables: str) -> dict[str, str]:
-    env = {**os.environ, "DATABASE_URL": "sqlite:///never-created.sqlite3", **variables}
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # manage.py's own (the tests run on tests.settings)
-    return env
-
-
 @pytest.mark.parametrize("command", ["check", "migrate", "dispatch", "qcluster", "runbroker"])
 def test_manage_py_stops_with_one_line_on_a_bad_value(command):
-    result = subprocess.run(
-        [sys.executable, "manage.py", command],
-        cwd=ROOT,
-        env=environment(BROKER_DELIVERY_TIMEOUT_SECONDS="abc"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_manage(command, BROKER_DELIVERY_TIMEOUT_SECONDS="abc")
 
     assert result.returncode == 2
     assert result.stderr == (
@@ -334,15 +320,7 @@ def test_manage_py_stops_with_one_line_on_a_bad_value(command):
     ],
 )
 def test_other_start_up_errors_are_one_line_too(variables, line):
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=environment(**variables),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_manage("check", **variables)
 
     assert result.returncode == 2
     assert result.stderr.startswith(f"configuration error: {line}")
@@ -362,7 +340,7 @@ def test_gunicorn_stops_with_one_line_on_a_bad_value(tmp_path):
             str(tmp_path / "gunicorn.ctl"),
         ],
         cwd=ROOT,
-        env=environment(BROKER_RETRY_JITTER="lots"),
+        env=operator_environment(BROKER_RETRY_JITTER="lots"),
         capture_output=True,
         text=True,
         timeout=60,

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
@@ -18,7 +14,7 @@ from broker.env import (
     env_secret,
     parse_database_url,
 )
-from tests import ROOT
+from tests.processes import run_manage
 
 
 @pytest.mark.parametrize(("raw", "expected"), [("true", True), ("Yes", True), ("0", False)])
@@ -135,17 +131,7 @@ def test_bad_database_urls_are_refused(url, message):
 
 
 def test_the_process_refuses_to_start_with_a_bad_setting():
-    environment = {**os.environ, "BROKER_RETRY_JITTER": "lots", "DATABASE_URL": "sqlite:///x"}
-    environment.pop("DJANGO_SETTINGS_MODULE", None)
-
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = run_manage("check", BROKER_RETRY_JITTER="lots")
 
     assert result.returncode != 0
     assert "BROKER_RETRY_JITTER='lots' is not a number" in result.stderr

@@ -11,11 +11,10 @@ from django.utils import timezone
 
 from broker import publish
 from consumers.models import Consumer
-from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED, QUEUED
-from tests.dispatch.test_dispatch import push_consumer, run_once
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.delivery import push_consumer, run_once
+from tests.helpers import make_consumer
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -27,17 +26,6 @@ def circuit_settings(settings):
     settings.BROKER_RETRY_DELAYS = [1, 1]  # three attempts, all due again within seconds
     settings.BROKER_CIRCUIT_FAILURE_THRESHOLD = 2
     settings.BROKER_CIRCUIT_COOLDOWN_SECONDS = 30
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
-
-
-@pytest.fixture
-def dispatcher():
-    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 from datetime import timedelta
@@ -16,11 +15,11 @@ from standardwebhooks import Webhook
 
 from broker import publish
 from consumers.models import Consumer
-from jobs.delivery import AttemptResult, DeliveryRequest, deliver, delivery_session
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.delivery import push_consumer, run_once, send
+from tests.helpers import make_consumer
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -31,42 +30,6 @@ def no_jitter(settings):
     settings.BROKER_RETRY_JITTER = 0
     settings.BROKER_RETRY_DELAYS = [60, 600]
     settings.BROKER_DELIVERY_TIMEOUT_SECONDS = 2
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
-
-
-@pytest.fixture
-def dispatcher():
-    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
-
-
-def push_consumer(channel, receiver, name="billing", path="/hook", **fields) -> Consumer:
-    consumer = make_consumer(channel, name)
-    consumer.callback_url = receiver.url(path)
-    for field_name, value in fields.items():
-        setattr(consumer, field_name, value)
-    consumer.save()
-    return consumer
-
-
-def send(requests: list[DeliveryRequest], timeout: float = 2.0) -> list[AttemptResult]:
-    """Deliver claimed requests concurrently, as the dispatcher's loop does."""
-
-    async def all_of_them() -> list[AttemptResult]:
-        async with delivery_session(len(requests) or 1) as session:
-            return list(await asyncio.gather(*(deliver(session, r, timeout) for r in requests)))
-
-    return asyncio.run(all_of_them())
-
-
-def run_once(dispatcher: Dispatcher, limit: int = 100) -> list[AttemptResult]:
-    results = send(dispatcher.claim(limit))
-    dispatcher.complete(results)
-    return results
 
 
 def test_a_claim_leases_jobs_and_counts_the_attempt_before_sending(channel, receiver, dispatcher):

@@ -20,20 +20,14 @@ from jobs.models import Job
 from jobs.queue.expiry import expire_old_jobs, waiting_since_before
 from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.conftest import FORM
-from tests.dispatch.test_dispatch import push_consumer, run_once
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.delivery import push_consumer, run_once
+from tests.helpers import make_consumer
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
 
 PUBLISHED = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
 
 
 def held(channel, name: str = "billing", **fields) -> Consumer:

@@ -4,7 +4,6 @@ above the maximum."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -12,7 +11,6 @@ import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import aiohttp
 import pytest
 from django.core.management import call_command
 from django.db import transaction
@@ -22,26 +20,25 @@ from standardwebhooks import Webhook
 
 from broker import payloads, publish
 from broker.checks import check_payload_storage
-from broker.models import Channel, Message
+from broker.models import Message
 from broker.publishing import DuplicateMessage, PayloadTooLarge, UnknownChannel
-from consumers.models import Consumer
-from jobs.delivery import DeliveryRequest, deliver
-from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
 from jobs.signing import chunked_signature_headers, sign, signature_headers
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
+from tests.delivery import push_consumer, run_once
+from tests.helpers import (
+    BROADCAST_HEADERS,
+    PULL_HEADERS,
+    make_channel,
+    make_consumer,
+    make_consumer_with_token,
+    make_producer,
+)
 
 pytestmark = pytest.mark.django_db
 
 MiB = 1024 * 1024
 THRESHOLD = 262144  # BROKER_PAYLOAD_OFFLOAD_BYTES' default, deliberately not overridden here
-AUTH = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-}
-PULL_AUTH = {"X-Broker-Channel-Token": "channel-token", "X-Broker-Consumer-Token": "consumer-token"}
 
 
 @pytest.fixture(autouse=True)
@@ -62,38 +59,10 @@ def storage_dir(settings, tmp_path):
     return location
 
 
-@pytest.fixture
-def channel() -> Channel:
-    make_producer()
-    return make_channel()
-
-
-@pytest.fixture
-def dispatcher() -> Dispatcher:
-    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
-
-
 def stored_files(location: Path) -> dict[str, bytes]:
     if not location.exists():
         return {}
     return {path.name: path.read_bytes() for path in location.iterdir()}
-
-
-def push_consumer(channel: Channel, receiver) -> Consumer:
-    consumer = make_consumer(channel, "billing")
-    consumer.callback_url = receiver.url("/hook")
-    consumer.save()
-    return consumer
-
-
-def run_once(dispatcher: Dispatcher, on_sent=None) -> None:
-    """Claim, deliver (as the dispatcher's loop does, with its on-sent report) and record."""
-
-    async def deliver_all(requests: list[DeliveryRequest]):
-        async with aiohttp.ClientSession() as session:
-            return await asyncio.gather(*(deliver(session, r, 5.0, on_sent) for r in requests))
-
-    dispatcher.complete(asyncio.run(deliver_all(dispatcher.claim(10))))
 
 
 def broadcast(client: Client, body: bytes, **headers: str):
@@ -101,7 +70,7 @@ def broadcast(client: Client, body: bytes, **headers: str):
         "/channel/orders/broadcast",
         body,
         content_type="application/octet-stream",
-        headers={**AUTH, **headers},
+        headers={**BROADCAST_HEADERS, **headers},
     )
 
 
@@ -255,7 +224,7 @@ def test_an_offloaded_payload_is_delivered_byte_for_byte_and_signed(channel, rec
     publish(channel, payload, producer="shop", message_id="big", headers={"X-Trace": "t"})
     sent = []
 
-    run_once(dispatcher, on_sent=lambda: sent.append(True))
+    run_once(dispatcher, timeout=5.0, on_sent=lambda: sent.append(True))
 
     [request] = receiver.received
     assert request.body == payload
@@ -277,7 +246,7 @@ def test_an_offloaded_json_payload_verifies_with_the_reference_library(
     publish(channel, payload, producer="shop", content_type="application/json")
     assert Message.objects.get().payload_file
 
-    run_once(dispatcher)
+    run_once(dispatcher, timeout=5.0)
 
     [request] = receiver.received
     assert request.body == payload
@@ -306,7 +275,7 @@ def test_a_missing_file_makes_the_job_dead_without_a_request(
     (storage_dir / message.payload_file).unlink()
     sent = []
 
-    run_once(dispatcher, on_sent=lambda: sent.append(True))
+    run_once(dispatcher, timeout=5.0, on_sent=lambda: sent.append(True))
 
     assert receiver.received == []
     assert sent == []  # never on the wire: a shutdown would have released it
@@ -330,7 +299,7 @@ def test_a_storage_error_is_retried_and_not_held_against_the_consumer(
         raise OSError("storage unreachable")
 
     monkeypatch.setattr(payloads, "open_payload", broken_storage)
-    run_once(dispatcher)
+    run_once(dispatcher, timeout=5.0)
 
     assert receiver.received == []
     job = Job.objects.get()
@@ -347,7 +316,7 @@ def test_inline_and_offloaded_payloads_in_one_claim(channel, receiver, dispatche
     publish(channel, small, producer="shop", message_id="small")
     publish(channel, large, producer="shop", message_id="large")
 
-    run_once(dispatcher)
+    run_once(dispatcher, timeout=5.0)
 
     bodies = {r.headers["X-Broker-Message-ID"]: r.body for r in receiver.received}
     assert bodies == {"small": small, "large": large}
@@ -362,7 +331,7 @@ def claim(client: Client):
         "/channel/orders/consumer/worker/claim",
         {"limit": 5},
         content_type="application/json",
-        headers=PULL_AUTH,
+        headers=PULL_HEADERS,
     )
 
 
@@ -377,7 +346,7 @@ def test_a_pull_consumer_gets_an_offloaded_payload_byte_for_byte(client, channel
     payload = os.urandom(MiB)
     publish(channel, payload, producer="shop")
 
-    listed = client.get("/channel/orders/consumer/worker/queued-jobs", headers=PULL_AUTH)
+    listed = client.get("/channel/orders/consumer/worker/queued-jobs", headers=PULL_HEADERS)
     claimed = claim(client)
 
     assert pulled_payload(listed.json()["Result"][0]) == payload
@@ -392,7 +361,7 @@ def test_a_pull_claim_makes_jobs_with_a_missing_file_dead(client, channel, stora
     publish(channel, b"fine", producer="shop", message_id="fine")
     (storage_dir / lost.payload_file).unlink()
 
-    listed = client.get("/channel/orders/consumer/worker/queued-jobs", headers=PULL_AUTH)
+    listed = client.get("/channel/orders/consumer/worker/queued-jobs", headers=PULL_HEADERS)
     claimed = claim(client)
 
     assert listed.status_code == 200

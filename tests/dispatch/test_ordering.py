@@ -15,7 +15,7 @@ from broker import publish
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.states import DEAD, DELIVERED, QUEUED
-from tests.dispatch.test_dispatch import push_consumer, run_once
+from tests.delivery import push_consumer, run_once
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import start_dispatcher, wait_until
 from tests.receiver import Received, Reply
@@ -28,19 +28,6 @@ def short_retries(settings):
     settings.BROKER_RETRY_JITTER = 0
     settings.BROKER_RETRY_DELAYS = [60, 600]
     settings.BROKER_CIRCUIT_FAILURE_THRESHOLD = 0  # the circuit has tests of its own
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
-
-
-@pytest.fixture
-def dispatcher():
-    from jobs.dispatch import Dispatcher, DispatcherConfig
-
-    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
 
 
 def ordered_consumer(channel, receiver, **fields) -> Consumer:

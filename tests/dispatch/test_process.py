@@ -14,28 +14,18 @@ import pytest
 from django.db import DatabaseError, connection
 
 from broker import publish
-from broker.models import Channel
 from jobs.models import DeliveryAttempt, DispatcherHeartbeat, Job
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.delivery import push_consumer
+from tests.helpers import make_consumer
 from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-def channel_delivering_to(receiver) -> Channel:
-    """A channel with a producer and one push consumer that delivers to `receiver`."""
-    make_producer()
-    channel = make_channel()
-    consumer = make_consumer(channel)
-    consumer.callback_url = receiver.url()
-    consumer.save()
-    return channel
-
-
-def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(receiver):
-    channel = channel_delivering_to(receiver)
+def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(channel, receiver):
+    push_consumer(channel, receiver)
     for number in range(50):
         publish(channel, b"x", producer="shop", message_id=f"early-{number}")
     # A 30 s poll: only a NOTIFY can explain a fast delivery of what is published later.
@@ -74,8 +64,8 @@ def unanswered_port() -> Iterator[int]:
         yield port
 
 
-def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(receiver):
-    channel = channel_delivering_to(receiver)
+def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(channel, receiver):
+    push_consumer(channel, receiver)
     receiver.replies["/hook"] = Reply(200, delay=5)  # still answering when the grace ends
     with unanswered_port() as port:
         stuck = make_consumer(channel, "stuck")
@@ -99,8 +89,8 @@ def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(receiver):
     assert not unsent.delivery_attempts.exists()
 
 
-def test_kill_9_of_one_of_two_dispatchers_loses_nothing(receiver):
-    channel = channel_delivering_to(receiver)
+def test_kill_9_of_one_of_two_dispatchers_loses_nothing(channel, receiver):
+    push_consumer(channel, receiver)
     receiver.replies["/hook"] = Reply(200, delay=0.005)  # keep deliveries in flight
     for number in range(2000):
         publish(channel, b"x", producer="shop", message_id=f"m-{number}")
@@ -140,8 +130,8 @@ def restart_postgresql() -> None:
 
 
 @pytest.mark.disruptive
-def test_a_database_restart_mid_run_loses_nothing(receiver):
-    channel = channel_delivering_to(receiver)
+def test_a_database_restart_mid_run_loses_nothing(channel, receiver):
+    push_consumer(channel, receiver)
     receiver.replies["/hook"] = Reply(200, delay=0.005)
     for number in range(600):
         publish(channel, b"x", producer="shop", message_id=f"m-{number}")
@@ -171,12 +161,12 @@ def test_a_database_restart_mid_run_loses_nothing(receiver):
     assert len(delivered_ids) - len(set(delivered_ids)) <= 16
 
 
-def test_the_dispatch_command_releases_a_scheduled_message_on_time(receiver):
+def test_the_dispatch_command_releases_a_scheduled_message_on_time(channel, receiver):
     from datetime import timedelta
 
     from django.utils import timezone
 
-    channel = channel_delivering_to(receiver)
+    push_consumer(channel, receiver)
     process = start_dispatcher("--poll-seconds", "30")
     try:
         wait_until(DispatcherHeartbeat.objects.exists, seconds=60)

@@ -20,14 +20,13 @@ from broker import publish
 from broker.env import env_choice
 from broker.logs import LOG_FORMATS, TEXT_FORMAT, json_formatter, logging_config
 from broker.models import Message
-from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import Job
 from jobs.states import DELIVERED, INFLIGHT
 from tests import ROOT
 from tests.api_server import running_api
-from tests.dispatch.test_dispatch import push_consumer, run_once, send
+from tests.delivery import push_consumer, run_once, send
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
-from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
+from tests.processes import kill_if_running, run_manage, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -52,17 +51,6 @@ def quick_retries(settings):
     settings.BROKER_RETRY_JITTER = 0
     settings.BROKER_RETRY_DELAYS = [60]
     settings.BROKER_DELIVERY_TIMEOUT_SECONDS = 2
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
-
-
-@pytest.fixture
-def dispatcher():
-    return Dispatcher(DispatcherConfig(dispatcher_id="logs-test"))
 
 
 @pytest.fixture
@@ -96,17 +84,7 @@ def test_the_log_format_is_text_or_json(monkeypatch):
 
 
 def test_a_bad_log_format_stops_the_process_naming_the_variable():
-    environment = {**os.environ, "BROKER_LOG_FORMAT": "xml", "DATABASE_URL": "sqlite:///x"}
-    environment.pop("DJANGO_SETTINGS_MODULE", None)
-
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = run_manage("check", BROKER_LOG_FORMAT="xml")
 
     assert result.returncode != 0
     assert "BROKER_LOG_FORMAT='xml' is not one of text, json" in result.stderr

@@ -22,11 +22,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 from broker import publish, tracing
 from broker.models import Message
 from broker.publishing import is_refused_metadata_header
-from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import Job
 from tests import ROOT
-from tests.dispatch.test_dispatch import push_consumer, run_once
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.delivery import push_consumer, run_once
+from tests.helpers import BROADCAST_HEADERS, make_consumer
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -35,11 +34,6 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 PRODUCER_PARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 PRODUCER_STATE = "vendor=opaque,other@tenant=x"
-PRODUCER_HEADERS = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -47,17 +41,6 @@ def quick_retries(settings):
     settings.BROKER_RETRY_JITTER = 0
     settings.BROKER_RETRY_DELAYS = [0, 0]
     settings.BROKER_DELIVERY_TIMEOUT_SECONDS = 2
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
-
-
-@pytest.fixture
-def dispatcher():
-    return Dispatcher(DispatcherConfig(dispatcher_id="tracing-test"))
 
 
 @pytest.fixture
@@ -83,7 +66,7 @@ def broadcast(client, body=b'{"order": 1}', **headers):
         "/channel/orders/broadcast",
         body,
         content_type="application/json",
-        headers={**PRODUCER_HEADERS, **headers},
+        headers={**BROADCAST_HEADERS, **headers},
     )
 
 

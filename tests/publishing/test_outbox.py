@@ -7,7 +7,6 @@ its own.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import psycopg
 import pytest
 from django.db import connection, transaction
@@ -28,12 +26,11 @@ from broker import publish
 from broker.models import Message
 from broker.publishing import DuplicateMessage
 from consumers.models import Consumer
-from jobs.delivery import deliver
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import Job
 from jobs.states import DELIVERED, QUEUED
 from tests import ROOT
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.delivery import push_consumer, run_once
 
 EXAMPLE = ROOT / "docs" / "examples" / "outbox_host"
 
@@ -53,22 +50,6 @@ def orders_table() -> Iterator[None]:
     yield
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE shop_orders")
-
-
-@pytest.fixture
-def channel(receiver, orders_table):
-    """The "orders" channel with a producer and one push consumer that delivers to `receiver`."""
-    make_producer()
-    channel = make_channel()
-    consumer = make_consumer(channel)
-    consumer.callback_url = receiver.url()
-    consumer.save()
-    return channel
-
-
-@pytest.fixture
-def dispatcher():
-    return Dispatcher(DispatcherConfig(dispatcher_id="outbox-test"))
 
 
 def save_order(customer: str) -> None:
@@ -91,16 +72,6 @@ def announce(customer: str, message_id: str | None = None) -> Message:
     )
 
 
-def deliver_due(dispatcher: Dispatcher) -> None:
-    """One dispatcher step: claim the due jobs, send them, record the outcomes."""
-
-    async def send_all(requests: list[Any]) -> list[Any]:
-        async with aiohttp.ClientSession() as session:
-            return list(await asyncio.gather(*(deliver(session, r, 2.0) for r in requests)))
-
-    dispatcher.complete(asyncio.run(send_all(dispatcher.claim(10))))
-
-
 def delivered_bodies(receiver) -> list[dict[str, Any]]:
     return [json.loads(request.body) for request in receiver.received]
 
@@ -109,6 +80,11 @@ def delivered_bodies(receiver) -> list[dict[str, Any]]:
 # back (inside pytest-django's per-test transaction it would only be a savepoint).
 @pytest.mark.django_db(transaction=True)
 class TestInProcess:
+    @pytest.fixture(autouse=True)
+    def set_up(self, channel, receiver, orders_table):
+        """A push consumer of `channel` that delivers to `receiver`, and the caller's table."""
+        push_consumer(channel, receiver)
+
     def test_a_rolled_back_transaction_stores_and_delivers_nothing(
         self, channel, receiver, dispatcher
     ):
@@ -128,7 +104,7 @@ class TestInProcess:
         assert saved_orders() == []
         assert not Message.objects.exists()
         assert not Job.objects.exists()
-        deliver_due(dispatcher)
+        run_once(dispatcher, limit=10)
         assert receiver.received == []
 
     def test_a_committed_transaction_is_delivered(self, channel, receiver, dispatcher):
@@ -137,7 +113,7 @@ class TestInProcess:
             announce("ada")
 
         assert saved_orders() == ["ada"]
-        deliver_due(dispatcher)
+        run_once(dispatcher, limit=10)
         assert delivered_bodies(receiver) == [{"event": "order.created", "customer": "ada"}]
         assert receiver.received[0].headers["X-Broker-Message-ID"] == "order.created:ada"
         assert Job.objects.get().status == DELIVERED
@@ -157,7 +133,7 @@ class TestInProcess:
             announce("bob")
 
         assert saved_orders() == ["ada", "bob"]
-        deliver_due(dispatcher)
+        run_once(dispatcher, limit=10)
         assert sorted(delivered_bodies(receiver), key=lambda body: body["customer"]) == [
             {"event": "order.created", "customer": "ada"},
             {"event": "order.created", "customer": "bob"},
@@ -188,7 +164,7 @@ class TestInProcess:
 
         assert seen_elsewhere == []
         assert Job.objects.get().status == QUEUED  # not taken, so not lost either
-        deliver_due(dispatcher)
+        run_once(dispatcher, limit=10)
         assert delivered_bodies(receiver) == [{"event": "order.created", "customer": "ada"}]
 
 

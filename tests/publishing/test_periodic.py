@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from urllib.parse import urlencode
@@ -10,8 +9,6 @@ from zoneinfo import ZoneInfo
 
 import pytest
 import time_machine
-from django.contrib.auth.models import User
-from django.db import connection
 from django.utils.http import http_date
 
 from broker.models import Message, PeriodicMessage
@@ -19,7 +16,7 @@ from broker.periodic import next_tick, run_due_ticks, tick_message_id
 from jobs.models import Job
 from jobs.queue import take_for_pull
 from tests.conftest import FORM
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import at_once, make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db
 
@@ -307,24 +304,13 @@ def test_concurrent_dispatchers_publish_each_tick_exactly_once():
     due = utc(2025, 1, 1, 12)
     for number in range(50):
         save_schedule(f"p{number}", next_run_at=due)
-    barrier, results, errors = threading.Barrier(4), [], []
+    results: list[int] = []
 
     def dispatcher() -> None:
-        try:
-            barrier.wait()
-            results.append(run_due_ticks(now=due + timedelta(seconds=30)))
-        except Exception as error:  # pragma: no cover - reported below
-            errors.append(error)
-        finally:
-            connection.close()
+        results.append(run_due_ticks(now=due + timedelta(seconds=30)))
 
-    threads = [threading.Thread(target=dispatcher) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*[dispatcher] * 4)
 
-    assert errors == []
     assert sum(results) == 50
     assert Message.objects.count() == 50
     assert set(Message.objects.values_list("public_id", flat=True)) == {
@@ -546,32 +532,26 @@ def test_a_tick_shows_in_the_api(admin_client, orders):
 # --- the admin -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def staff_client(client):
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
-    return client
-
-
-def test_admin_pages_and_enable_disable_actions(staff_client, orders):
+def test_admin_pages_and_enable_disable_actions(superuser_client, orders):
     periodic = save_schedule(cron="0 9 * * *", interval_seconds=None, timezone="Europe/Berlin")
 
-    assert staff_client.get("/admin/broker/periodicmessage/").status_code == 200
-    page = staff_client.get(f"/admin/broker/periodicmessage/{periodic.pk}/change/")
+    assert superuser_client.get("/admin/broker/periodicmessage/").status_code == 200
+    page = superuser_client.get(f"/admin/broker/periodicmessage/{periodic.pk}/change/")
     assert page.status_code == 200
     assert b"0 9 * * *" in page.content
 
     actions = "/admin/broker/periodicmessage/"
-    staff_client.post(actions, {"action": "disable", "_selected_action": [periodic.pk]})
+    superuser_client.post(actions, {"action": "disable", "_selected_action": [periodic.pk]})
     periodic.refresh_from_db()
     assert (periodic.enabled, periodic.next_run_at) == (False, None)
 
     with time_machine.travel(utc(2025, 1, 1, 12), tick=False):
-        staff_client.post(actions, {"action": "enable", "_selected_action": [periodic.pk]})
+        superuser_client.post(actions, {"action": "enable", "_selected_action": [periodic.pk]})
     periodic.refresh_from_db()
     assert (periodic.enabled, periodic.next_run_at) == (True, utc(2025, 1, 2, 8))
 
 
-def test_admin_changes_are_validated_and_move_the_next_run(staff_client, orders):
+def test_admin_changes_are_validated_and_move_the_next_run(superuser_client, orders):
     periodic = save_schedule()
     url = f"/admin/broker/periodicmessage/{periodic.pk}/change/"
     form = {
@@ -585,9 +565,9 @@ def test_admin_changes_are_validated_and_move_the_next_run(staff_client, orders)
         "enabled": "on",
     }
 
-    assert b"Unknown time zone" in staff_client.post(url, form).content
+    assert b"Unknown time zone" in superuser_client.post(url, form).content
     with time_machine.travel(utc(2025, 1, 1, 12), tick=False):
-        response = staff_client.post(url, {**form, "timezone": "Europe/Berlin"})
+        response = superuser_client.post(url, {**form, "timezone": "Europe/Berlin"})
 
     assert response.status_code == 302
     periodic.refresh_from_db()

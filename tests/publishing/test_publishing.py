@@ -3,8 +3,6 @@ docs/outbox.md)."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from django.db import DatabaseError, connection, transaction
 
@@ -19,7 +17,7 @@ from broker.publishing import (
 )
 from jobs.models import Job
 from jobs.states import QUEUED
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import at_once, make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db
 
@@ -36,13 +34,6 @@ REFUSE_JOB_TRIGGER = {
         "WHEN NEW.consumer_id = {consumer_id} BEGIN SELECT RAISE(ABORT, 'job insert refused'); END",
     ],
 }
-
-
-@pytest.fixture
-def channel():
-    channel = make_channel()
-    make_producer()
-    return channel
 
 
 def test_publish_creates_the_message_and_one_queued_job_per_consumer(channel):
@@ -216,24 +207,16 @@ def test_concurrent_publishers_of_one_id_get_exactly_one_message():
     channel = make_channel()
     make_producer()
     make_consumer(channel)
-    barrier = threading.Barrier(4)
     outcomes: list[str] = []
 
     def publisher() -> None:
         try:
-            barrier.wait()
             publish("orders", b"x", producer="shop", message_id="order-1")
             outcomes.append("published")
         except DuplicateMessage:
             outcomes.append("duplicate")
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=publisher) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*[publisher] * 4)
 
     assert sorted(outcomes) == ["duplicate"] * 3 + ["published"]
     assert Message.objects.count() == 1

@@ -3,12 +3,10 @@ them."""
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
-from django.db import connection
 from django.utils import timezone
 
 from broker import payloads, publish
@@ -16,17 +14,19 @@ from broker.models import Message
 from broker.publishing import DuplicateMessage, InvalidMessage
 from jobs.models import Job
 from jobs.queue import release_due_messages
-from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
+from tests.helpers import (
+    BROADCAST_HEADERS,
+    at_once,
+    make_channel,
+    make_consumer,
+    make_consumer_with_token,
+    make_producer,
+)
 
 pytestmark = pytest.mark.django_db
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=10)
-AUTH = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-}
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def broadcast(client, when: str | None, body=b'{"id": 1}', **headers):
         "/channel/orders/broadcast",
         body,
         content_type="application/json",
-        headers={**AUTH, **headers},
+        headers={**BROADCAST_HEADERS, **headers},
     )
 
 
@@ -422,27 +422,14 @@ def test_concurrent_releases_release_every_message_exactly_once():
     due = NOW - timedelta(seconds=1)
     for number in range(200):
         schedule(f"m{number:03d}", due)
-    start = threading.Barrier(4)
     released: list[int] = []
-    errors: list[BaseException] = []
 
     def dispatcher() -> None:
-        try:
-            start.wait()
-            while count := release_due_messages(now=NOW, limit=7):
-                released.append(count)
-        except BaseException as error:  # any failure, reported by the asserts below
-            errors.append(error)
-        finally:
-            connection.close()
+        while count := release_due_messages(now=NOW, limit=7):
+            released.append(count)
 
-    threads = [threading.Thread(target=dispatcher) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    at_once(*[dispatcher] * 4)
 
-    assert errors == []
     assert sum(released) == 200
     assert len(released) > 200 // 7  # the work was split, not done by one caller
     assert Job.objects.count() == 200 * 3

@@ -3,13 +3,12 @@ races."""
 
 from __future__ import annotations
 
+import functools
 import itertools
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
-from django.db import connection
 from django.utils import timezone
 
 from jobs.models import Job
@@ -24,7 +23,7 @@ from jobs.states import (
     JobStatus,
     TransitionConflict,
 )
-from tests.helpers import make_job
+from tests.helpers import at_once, make_job
 
 pytestmark = pytest.mark.django_db
 
@@ -197,21 +196,12 @@ def test_bulk_requeue_moves_only_dead_jobs():
 def test_racing_threads_exactly_one_wins(source, targets):
     jobs = [make_job(source) for _ in range(20)]
     for job in jobs:
-        barrier = threading.Barrier(len(targets))
         results: list[int] = []
 
-        def race(target: JobStatus, job_id: int = job.pk, barrier=barrier, results=results):
-            try:
-                barrier.wait()
-                results.append(Job.objects.filter(pk=job_id).transition(source, target))
-            finally:
-                connection.close()
+        def race(target: JobStatus, job_id: int = job.pk, results=results) -> None:
+            results.append(Job.objects.filter(pk=job_id).transition(source, target))
 
-        threads = [threading.Thread(target=race, args=(target,)) for target in targets]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        at_once(*(functools.partial(race, target) for target in targets))
 
         assert sorted(results) == [0, 1]
         job.refresh_from_db()

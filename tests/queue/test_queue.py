@@ -22,7 +22,7 @@ from jobs.queue.postgres import PostgresQueue
 from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, lease_length
 from jobs.retry import Outcome, Verdict
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import make_consumer
 
 pytestmark = pytest.mark.django_db
 NOW = timezone.now().replace(microsecond=0)
@@ -36,12 +36,6 @@ def backend(request, monkeypatch):
     implementation = PostgresQueue() if request.param == "postgres" else PortableQueue()
     monkeypatch.setattr(queue, "_backend", lambda: implementation)
     return implementation
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
 
 
 def unsaved_message(message_id: str, **fields) -> Message:

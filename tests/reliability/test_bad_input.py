@@ -28,17 +28,18 @@ from jobs.models import Job
 from jobs.queue import take_for_pull
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.db_snapshot import snapshot
-from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
+from tests.helpers import (
+    BROADCAST_HEADERS,
+    PULL_HEADERS,
+    make_channel,
+    make_consumer,
+    make_consumer_with_token,
+    make_producer,
+)
 
 pytestmark = pytest.mark.django_db
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-BROADCAST = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-}
-PULL = {"X-Broker-Channel-Token": "channel-token", "X-Broker-Consumer-Token": "consumer-token"}
 WORKER = "/channel/orders/consumer/worker"
 MEGABYTE = 1024 * 1024
 DEEP_JSON = b"[" * 100_000 + b"]" * 100_000
@@ -136,7 +137,7 @@ HUGE_HEADERS = [
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Channel-Token": HUGE},
+        headers={**BROADCAST_HEADERS, "X-Broker-Channel-Token": HUGE},
         statuses=(403,),
     ),
     Bad(
@@ -144,7 +145,7 @@ HUGE_HEADERS = [
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Producer-ID": HUGE},
+        headers={**BROADCAST_HEADERS, "X-Broker-Producer-ID": HUGE},
         statuses=(401,),
     ),
     Bad(
@@ -152,7 +153,7 @@ HUGE_HEADERS = [
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Producer-Token": HUGE},
+        headers={**BROADCAST_HEADERS, "X-Broker-Producer-Token": HUGE},
         statuses=(403,),
     ),
     Bad(
@@ -160,35 +161,35 @@ HUGE_HEADERS = [
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Message-ID": HUGE},
+        headers={**BROADCAST_HEADERS, "X-Broker-Message-ID": HUGE},
     ),
     Bad(
         "huge priority",
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Message-Priority": "9" * 100_000},
+        headers={**BROADCAST_HEADERS, "X-Broker-Message-Priority": "9" * 100_000},
     ),
     Bad(
         "huge schedule",
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Scheduled-For": HUGE},
+        headers={**BROADCAST_HEADERS, "X-Broker-Scheduled-For": HUGE},
     ),
     Bad(
         "huge ordering key",
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Ordering-Key": HUGE},
+        headers={**BROADCAST_HEADERS, "X-Broker-Ordering-Key": HUGE},
     ),
     Bad(
         "huge metadata header",
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Metadata-Headers": "X-Big", "X-Big": HUGE},
+        headers={**BROADCAST_HEADERS, "X-Broker-Metadata-Headers": "X-Big", "X-Big": HUGE},
     ),
     Bad(
         "metadata naming 200 headers",
@@ -196,7 +197,7 @@ HUGE_HEADERS = [
         "/channel/orders/broadcast",
         b"x",
         headers={
-            **BROADCAST,
+            **BROADCAST_HEADERS,
             "X-Broker-Metadata-Headers": ",".join(f"X-H{n}" for n in range(200)),
             **{f"X-H{n}": "v" for n in range(200)},
         },
@@ -205,7 +206,7 @@ HUGE_HEADERS = [
         "huge consumer token",
         "GET",
         f"{WORKER}/queued-jobs",
-        headers={**PULL, "X-Broker-Consumer-Token": HUGE},
+        headers={**PULL_HEADERS, "X-Broker-Consumer-Token": HUGE},
         statuses=(403,),
     ),
     Bad(
@@ -253,7 +254,7 @@ INVALID_UTF8 = [
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Producer-ID": "sh\xf6p"},
+        headers={**BROADCAST_HEADERS, "X-Broker-Producer-ID": "sh\xf6p"},
         statuses=(401,),
     ),
     Bad(
@@ -261,17 +262,24 @@ INVALID_UTF8 = [
         "POST",
         "/channel/orders/broadcast",
         b"x",
-        headers={**BROADCAST, "X-Broker-Channel-Token": "\xff\xfe"},
+        headers={**BROADCAST_HEADERS, "X-Broker-Channel-Token": "\xff\xfe"},
         statuses=(403,),
     ),
-    Bad("claim JSON", "POST", f"{WORKER}/claim", b'{"limit": "\xff"}', "application/json", PULL),
+    Bad(
+        "claim JSON",
+        "POST",
+        f"{WORKER}/claim",
+        b'{"limit": "\xff"}',
+        "application/json",
+        PULL_HEADERS,
+    ),
     Bad(
         "transition JSON",
         "POST",
         f"{WORKER}/job/{{job}}",
         b'{"NextState": "\xc3\x28"}',
         "application/json",
-        PULL,
+        PULL_HEADERS,
         statuses=(400, 404),
     ),
     Bad(
@@ -280,7 +288,7 @@ INVALID_UTF8 = [
         f"{WORKER}/claim",
         b'{"limit": 1}',
         "application/json; charset=utf-16",
-        PULL,
+        PULL_HEADERS,
     ),
     Bad(
         "JSON in rot13",
@@ -288,7 +296,7 @@ INVALID_UTF8 = [
         f"{WORKER}/claim",
         b'{"limit": 1}',
         "application/json; charset=rot13",
-        PULL,
+        PULL_HEADERS,
         statuses=(400, 415),
     ),
     Bad(
@@ -351,7 +359,7 @@ def test_invalid_utf8_payloads_are_payloads(client):
         "/channel/orders/broadcast",
         b"\xff\xfe\x00",
         content_type="text/plain; charset=utf-8",
-        headers={**BROADCAST, "X-Broker-Message-ID": "binary"},
+        headers={**BROADCAST_HEADERS, "X-Broker-Message-ID": "binary"},
     )
     assert response.status_code == 201
     shown = client.get("/channel/orders/message/binary", headers=ADMIN).json()
@@ -362,7 +370,12 @@ def test_invalid_utf8_payloads_are_payloads(client):
 
 JSON_BODIES = [
     Bad(
-        "claim nested 100,000 deep", "POST", f"{WORKER}/claim", DEEP_JSON, "application/json", PULL
+        "claim nested 100,000 deep",
+        "POST",
+        f"{WORKER}/claim",
+        DEEP_JSON,
+        "application/json",
+        PULL_HEADERS,
     ),
     Bad(
         "claim object nested deep",
@@ -370,7 +383,7 @@ JSON_BODIES = [
         f"{WORKER}/claim",
         b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
         "application/json",
-        PULL,
+        PULL_HEADERS,
     ),
     Bad(
         "transition nested deep",
@@ -378,7 +391,7 @@ JSON_BODIES = [
         f"{WORKER}/job/{{job}}",
         DEEP_JSON,
         "application/json",
-        PULL,
+        PULL_HEADERS,
         statuses=(400, 404),
     ),
     Bad(
@@ -387,26 +400,42 @@ JSON_BODIES = [
         f"{WORKER}/claim",
         b'{"limit": 1' + b"0" * 5000 + b"}",
         "application/json",
-        PULL,
+        PULL_HEADERS,
     ),
-    Bad("claim with NaN", "POST", f"{WORKER}/claim", b'{"limit": NaN}', "application/json", PULL),
+    Bad(
+        "claim with NaN",
+        "POST",
+        f"{WORKER}/claim",
+        b'{"limit": NaN}',
+        "application/json",
+        PULL_HEADERS,
+    ),
     Bad(
         "claim with a float",
         "POST",
         f"{WORKER}/claim",
         b'{"limit": 1e400}',
         "application/json",
-        PULL,
+        PULL_HEADERS,
     ),
-    Bad("claim with a list", "POST", f"{WORKER}/claim", b"[1, 2]", "application/json", PULL),
-    Bad("claim with a string", "POST", f"{WORKER}/claim", b'"limit"', "application/json", PULL),
+    Bad(
+        "claim with a list", "POST", f"{WORKER}/claim", b"[1, 2]", "application/json", PULL_HEADERS
+    ),
+    Bad(
+        "claim with a string",
+        "POST",
+        f"{WORKER}/claim",
+        b'"limit"',
+        "application/json",
+        PULL_HEADERS,
+    ),
     Bad(
         "transition to nowhere",
         "POST",
         f"{WORKER}/job/{{job}}",
         b'{"NextState": "EVERYWHERE"}',
         "application/json",
-        PULL,
+        PULL_HEADERS,
     ),
     Bad(
         "transition with a negative timeout",
@@ -414,7 +443,7 @@ JSON_BODIES = [
         f"{WORKER}/job/{{job}}",
         b'{"NextState": "INFLIGHT", "IncrementalTimeout": -5}',
         "application/json",
-        PULL,
+        PULL_HEADERS,
     ),
     Bad(
         "transition with a huge timeout",
@@ -422,16 +451,18 @@ JSON_BODIES = [
         f"{WORKER}/job/{{job}}",
         b'{"NextState": "INFLIGHT", "IncrementalTimeout": 99999999999999999999}',
         "application/json",
-        PULL,
+        PULL_HEADERS,
     ),
-    Bad("truncated JSON", "POST", f"{WORKER}/claim", b'{"limit": ', "application/json", PULL),
+    Bad(
+        "truncated JSON", "POST", f"{WORKER}/claim", b'{"limit": ', "application/json", PULL_HEADERS
+    ),
     Bad(
         "1 MB of JSON",
         "POST",
         f"{WORKER}/claim",
         b'{"limit": "' + b"9" * MEGABYTE + b'"}',
         "application/json",
-        PULL,
+        PULL_HEADERS,
     ),
 ]
 
@@ -462,7 +493,7 @@ def test_unknown_json_fields_change_nothing_beyond_the_transition(client):
         f"{WORKER}/job/{job.public_id}",
         {"NextState": "INFLIGHT", "Attempts": 0, "Status": "DELIVERED", "consumer_id": 1},
         content_type="application/json",
-        headers=PULL,
+        headers=PULL_HEADERS,
     )
     assert response.status_code == 202
     job.refresh_from_db()
@@ -495,7 +526,11 @@ def _sql_cases() -> list[Bad]:
                 statuses=(404,),
             ),
             Bad(
-                f"job path {number}", "GET", f"{WORKER}/job/{quoted}", headers=PULL, statuses=(404,)
+                f"job path {number}",
+                "GET",
+                f"{WORKER}/job/{quoted}",
+                headers=PULL_HEADERS,
+                statuses=(404,),
             ),
             Bad(
                 f"consumer DELETE {number}",
@@ -515,7 +550,7 @@ def _sql_cases() -> list[Bad]:
                 "POST",
                 "/channel/orders/broadcast",
                 b"x",
-                headers={**BROADCAST, "X-Broker-Producer-ID": text},
+                headers={**BROADCAST_HEADERS, "X-Broker-Producer-ID": text},
                 statuses=(401,),
             ),
             Bad(
@@ -548,7 +583,11 @@ def test_a_message_id_that_looks_like_sql_is_refused_or_stored_verbatim(client):
             "/channel/orders/broadcast",
             b"x",
             content_type="text/plain",
-            headers={**BROADCAST, "X-Broker-Message-ID": text, "X-Broker-Ordering-Key": text},
+            headers={
+                **BROADCAST_HEADERS,
+                "X-Broker-Message-ID": text,
+                "X-Broker-Ordering-Key": text,
+            },
         )
         assert response.status_code in (201, 400), (number, response.content)
         if response.status_code == 201:
@@ -664,7 +703,7 @@ SIZES_AND_METHODS = [
         f"{WORKER}/claim",
         b'{"limit": "' + b"1" * (20 * MEGABYTE) + b'"}',
         "application/json",
-        PULL,
+        PULL_HEADERS,
         statuses=(413,),
     ),
     Bad(
@@ -682,7 +721,7 @@ SIZES_AND_METHODS = [
         "/channel/orders/broadcast",
         b"x" * (6 * MEGABYTE),
         "text/plain",
-        BROADCAST,
+        BROADCAST_HEADERS,
         statuses=(413,),
     ),
     Bad(
@@ -691,10 +730,12 @@ SIZES_AND_METHODS = [
         "/channel/orders/broadcast",
         b"x",
         "text/plain",
-        {**BROADCAST, "Content-Length": "abc"},
+        {**BROADCAST_HEADERS, "Content-Length": "abc"},
         statuses=(400,),
     ),
-    Bad("empty broadcast", "POST", "/channel/orders/broadcast", b"", "text/plain", BROADCAST),
+    Bad(
+        "empty broadcast", "POST", "/channel/orders/broadcast", b"", "text/plain", BROADCAST_HEADERS
+    ),
     Bad("name over 255", "PUT", "/producer/newbie", b"name=" + b"x" * 300, FORM, ADMIN),
     Bad("NUL in a name", "PUT", "/producer/newbie", b"name=a%00b", FORM, ADMIN),
     Bad("NUL in a path", "GET", "/channel/a%00b", headers=ADMIN, statuses=(404,)),
@@ -711,8 +752,8 @@ SIZES_AND_METHODS = [
     Bad("PATCH", "PATCH", "/producer/shop", b"name=x", FORM, ADMIN, statuses=(405,)),
     Bad("TRACE", "TRACE", "/producers", headers=ADMIN, statuses=(405,)),
     Bad("DELETE a channel", "DELETE", "/channel/orders", headers=ADMIN, statuses=(405,)),
-    Bad("claim limit 10^6", "POST", f"{WORKER}/claim", b"limit=1000000", FORM, PULL),
-    Bad("queued-jobs limit -1", "GET", f"{WORKER}/queued-jobs?limit=-1", headers=PULL),
+    Bad("claim limit 10^6", "POST", f"{WORKER}/claim", b"limit=1000000", FORM, PULL_HEADERS),
+    Bad("queued-jobs limit -1", "GET", f"{WORKER}/queued-jobs?limit=-1", headers=PULL_HEADERS),
     Bad(
         "stale If-Unmodified-Since",
         "PUT",
@@ -737,7 +778,7 @@ SIZES_AND_METHODS = [
         "/channel/orders/broadcast",
         b"x",
         "text/plain",
-        {**BROADCAST, "X-Broker-Scheduled-For": "2000-01-01T00:00:00Z"},
+        {**BROADCAST_HEADERS, "X-Broker-Scheduled-For": "2000-01-01T00:00:00Z"},
         statuses=(412,),
     ),
     Bad(
@@ -746,7 +787,7 @@ SIZES_AND_METHODS = [
         "/channel/orders/broadcast",
         b"x",
         "text/plain",
-        {**BROADCAST, "X-Broker-Scheduled-For": "99999-01-01T00:00:00Z"},
+        {**BROADCAST_HEADERS, "X-Broker-Scheduled-For": "99999-01-01T00:00:00Z"},
     ),
     Bad(
         "priority 2^31",
@@ -754,7 +795,7 @@ SIZES_AND_METHODS = [
         "/channel/orders/broadcast",
         b"x",
         "text/plain",
-        {**BROADCAST, "X-Broker-Message-Priority": str(2**31)},
+        {**BROADCAST_HEADERS, "X-Broker-Message-Priority": str(2**31)},
     ),
     Bad(
         "requeue DLQ with a wrong token",
@@ -805,7 +846,7 @@ def test_a_rejected_request_in_the_middle_of_good_ones_leaves_no_trace(client):
             b"x",
             "text/plain",
             {
-                **BROADCAST,
+                **BROADCAST_HEADERS,
                 "X-Broker-Scheduled-For": (timezone.now() + timedelta(seconds=5)).isoformat(),
             },
             statuses=(412, 400),
@@ -816,7 +857,7 @@ def test_a_rejected_request_in_the_middle_of_good_ones_leaves_no_trace(client):
             "/channel/orders/broadcast",
             b"x",
             "text/plain",
-            {**BROADCAST, "X-Broker-Message-ID": "m-3"},
+            {**BROADCAST_HEADERS, "X-Broker-Message-ID": "m-3"},
             statuses=(409,),
         ),
     ]:
@@ -842,7 +883,7 @@ def test_gunicorn_refuses_oversized_headers_and_request_lines_and_keeps_serving(
             (
                 "POST",
                 "/channel/orders/broadcast",
-                {**BROADCAST, "X-Broker-Channel-Token": "x" * 100_000},
+                {**BROADCAST_HEADERS, "X-Broker-Channel-Token": "x" * 100_000},
             ),
             ("GET", "/producers", {**ADMIN, **{f"X-H{n}": "v" for n in range(150)}}),
             ("GET", "/channel/" + "x" * 5000, ADMIN),

@@ -21,15 +21,10 @@ from django.db import connection, connections
 from broker.env import database_conn_max_age, database_pool
 from broker.models import Message
 from tests.api_server import ApiServer, database_url, running_runserver
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import BROADCAST_HEADERS, make_channel, make_consumer, make_producer
 
 POSTGRES = "django.db.backends.postgresql"
-BROADCAST = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-    "Content-Type": "application/json",
-}
+BROADCAST = {**BROADCAST_HEADERS, "Content-Type": "application/json"}
 # For the tests of the pool itself: this run has one unless DATABASE_POOL=false.
 needs_the_pool = pytest.mark.skipif(
     not django_settings.DATABASES["default"]["OPTIONS"].get("pool"),

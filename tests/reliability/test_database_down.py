@@ -24,7 +24,14 @@ from django.db import DatabaseError, connection
 from broker.models import Message
 from tests.api_server import Answer, ApiServer, running_api
 from tests.faults import report
-from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
+from tests.helpers import (
+    BROADCAST_HEADERS,
+    PULL_HEADERS,
+    make_channel,
+    make_consumer,
+    make_consumer_with_token,
+    make_producer,
+)
 
 pytestmark = [
     pytest.mark.postgres,
@@ -37,13 +44,7 @@ pytestmark = [
 ]
 
 ADMIN = {"Authorization": "Bearer outage-admin-token"}
-BROADCAST = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-    "Content-Type": "application/json",
-}
-PULL = {"X-Broker-Channel-Token": "channel-token", "X-Broker-Consumer-Token": "consumer-token"}
+BROADCAST = {**BROADCAST_HEADERS, "Content-Type": "application/json"}
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 # What a client does during the outage, each with the status it gets when the database is up.
@@ -52,7 +53,7 @@ REQUESTS: list[tuple[str, str, bytes | None, dict[str, str], int]] = [
     ("GET", "/channel/orders", None, ADMIN, 200),
     ("GET", "/channel/orders/messages", None, ADMIN, 200),
     ("POST", "/channel/orders/broadcast", b'{"n": 1}', BROADCAST, 201),
-    ("GET", "/channel/orders/consumer/worker/queued-jobs", None, PULL, 200),
+    ("GET", "/channel/orders/consumer/worker/queued-jobs", None, PULL_HEADERS, 200),
     ("PUT", "/producer/newcomer", b"name=Newcomer", {**ADMIN, **FORM}, 200),
     ("GET", "/dlq-status", None, ADMIN, 200),
     ("GET", "/metrics", None, ADMIN, 200),

@@ -23,7 +23,7 @@ from jobs.maintenance import Maintenance
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED, INFLIGHT
 from tests import ROOT
-from tests.dispatch.test_dispatch import send
+from tests.delivery import send
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import kill_if_running, wait_until
 

@@ -24,19 +24,14 @@ from consumers.models import Consumer
 from jobs.dispatch import Dispatcher
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED, INFLIGHT
-from tests.dispatch.test_dispatch import run_once
+from tests.delivery import run_once
 from tests.faults import report_counts
-from tests.helpers import make_channel, make_consumer, make_consumer_with_token, make_producer
+from tests.helpers import BROADCAST_HEADERS, make_consumer, make_consumer_with_token
 from tests.reliability.hostile import PROPERTY
 
 pytestmark = pytest.mark.django_db
 
 URL = "/channel/orders/broadcast"
-AUTH = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-}
 REFUSED = [
     "Connection",
     "keep-alive",
@@ -69,15 +64,9 @@ def report_outcomes():
     report_counts("hostile producers: answers to generated metadata headers", OUTCOMES)
 
 
-@pytest.fixture
-def channel():
-    make_producer("shop", token="producer-token")
-    return make_channel("orders", token="channel-token")
-
-
 def broadcast(client, **headers):
     # The broker's own headers last: a generated header must not replace the tokens.
-    headers = {**headers, **AUTH, "X-Broker-Message-ID": f"m{next(MESSAGE_IDS)}"}
+    headers = {**headers, **BROADCAST_HEADERS, "X-Broker-Message-ID": f"m{next(MESSAGE_IDS)}"}
     return client.post(URL, b"{}", content_type="application/json", headers=headers)
 
 

@@ -27,7 +27,7 @@ from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED, QUEUED
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.db_snapshot import snapshot
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import make_consumer
 from tests.receiver import Reply
 from tests.reliability.test_callback_safety import FakeDNS
 
@@ -51,12 +51,6 @@ def guarded(settings):
     settings.BROKER_RETRY_JITTER = 0
     settings.BROKER_CIRCUIT_FAILURE_THRESHOLD = 0
     return settings
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
 
 
 # Each target with the reason it must be refused. `{name}` targets resolve through `dns`.

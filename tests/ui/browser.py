@@ -1,23 +1,22 @@
 """Shared parts of the end-to-end UI tests in headless Chromium (docs/ui.md).
 
 Playwright drives Debian's /usr/bin/chromium (never a downloaded browser); the `page` fixture is
-in tests/conftest.py. Set UI_SCREENSHOTS=1 to refresh the screenshots in docs/screenshots/.
+in tests/ui/conftest.py. Set UI_SCREENSHOTS=1 to refresh the screenshots in docs/screenshots/.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from pathlib import Path
 
-import aiohttp
 import pytest
 from django.db import connection
 
-from jobs.delivery import AttemptResult, DeliveryRequest, deliver
+from jobs.delivery import AttemptResult
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from tests import ROOT
+from tests.delivery import run_once
 from tests.helpers import make_operator
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -81,17 +80,12 @@ def in_own_thread(work) -> None:
 
 
 def dispatch_once() -> list[AttemptResult]:
-    """One dispatcher step: claim, deliver, record."""
+    """One dispatcher step (claim, deliver, record), in a thread of its own."""
     results: list[AttemptResult] = []
-
-    async def deliver_all(requests: list[DeliveryRequest]) -> None:
-        async with aiohttp.ClientSession() as session:
-            results.extend(await asyncio.gather(*(deliver(session, r, 2.0) for r in requests)))
 
     def step() -> None:
         dispatcher = Dispatcher(DispatcherConfig(dispatcher_id="ui-test-dispatcher"))
-        asyncio.run(deliver_all(dispatcher.claim(10)))
-        dispatcher.complete(results)
+        results.extend(run_once(dispatcher, limit=10))
 
     in_own_thread(step)
     return results

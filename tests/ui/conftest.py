@@ -7,6 +7,15 @@ from django.db import connection
 
 
 @pytest.fixture
+def staff_client(client):
+    """The test client logged in as an operator (tests/helpers.py: make_operator)."""
+    from tests.helpers import make_operator
+
+    client.force_login(make_operator())
+    return client
+
+
+@pytest.fixture
 def page(monkeypatch):
     """A headless Chromium page (tests/ui/browser.py), closed after the test."""
     from playwright.sync_api import sync_playwright

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 
 from broker.models import Channel
 from consumers.models import Consumer
@@ -12,12 +11,6 @@ from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.helpers import make_job
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff_client(client):
-    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
-    return client
 
 
 @pytest.fixture
@@ -46,7 +39,7 @@ def job():
         "jobs/deliveryattempt",
     ],
 )
-def test_list_and_detail_pages_render(staff_client, job, model):
+def test_list_and_detail_pages_render(superuser_client, job, model):
     objects = {
         "broker/producer": job.message.producer_id,
         "broker/channel": job.message.channel_id,
@@ -56,8 +49,8 @@ def test_list_and_detail_pages_render(staff_client, job, model):
         "jobs/deliveryattempt": job.delivery_attempts.get().pk,
     }
 
-    assert staff_client.get(f"/admin/{model}/").status_code == 200
-    assert staff_client.get(f"/admin/{model}/{objects[model]}/change/").status_code == 200
+    assert superuser_client.get(f"/admin/{model}/").status_code == 200
+    assert superuser_client.get(f"/admin/{model}/{objects[model]}/change/").status_code == 200
 
 
 def test_admin_requires_staff_login(client):
@@ -67,19 +60,19 @@ def test_admin_requires_staff_login(client):
     assert "/admin/login/" in response["Location"]
 
 
-def test_jobs_and_messages_cannot_be_added_or_edited(staff_client, job):
-    assert staff_client.get("/admin/jobs/job/add/").status_code == 403
-    assert staff_client.get("/admin/broker/message/add/").status_code == 403
-    response = staff_client.post(f"/admin/jobs/job/{job.pk}/change/", {"status": DELIVERED})
+def test_jobs_and_messages_cannot_be_added_or_edited(superuser_client, job):
+    assert superuser_client.get("/admin/jobs/job/add/").status_code == 403
+    assert superuser_client.get("/admin/broker/message/add/").status_code == 403
+    response = superuser_client.post(f"/admin/jobs/job/{job.pk}/change/", {"status": DELIVERED})
     assert response.status_code == 403
     job.refresh_from_db()
     assert job.status == DEAD
 
 
-def test_requeue_action_goes_through_the_state_machine(staff_client, job):
+def test_requeue_action_goes_through_the_state_machine(superuser_client, job):
     delivered = make_job(DELIVERED)
 
-    response = staff_client.post(
+    response = superuser_client.post(
         "/admin/jobs/job/",
         {"action": "requeue_dead", "_selected_action": [job.pk, delivered.pk]},
         follow=True,
@@ -92,16 +85,16 @@ def test_requeue_action_goes_through_the_state_machine(staff_client, job):
     assert delivered.status == DELIVERED
 
 
-def test_consumer_token_is_never_shown(staff_client, job):
+def test_consumer_token_is_never_shown(superuser_client, job):
     consumer = Consumer.objects.get(pk=job.consumer_id)
 
-    page = staff_client.get(f"/admin/consumers/consumer/{consumer.pk}/change/").content.decode()
+    page = superuser_client.get(f"/admin/consumers/consumer/{consumer.pk}/change/").content.decode()
 
     assert consumer.token not in page
 
 
-def test_creating_a_channel_shows_its_generated_token_once(staff_client):
-    response = staff_client.post(
+def test_creating_a_channel_shows_its_generated_token_once(superuser_client):
+    response = superuser_client.post(
         "/admin/broker/channel/add/", {"id": "payments", "name": "Payments"}, follow=True
     )
 
@@ -109,10 +102,12 @@ def test_creating_a_channel_shows_its_generated_token_once(staff_client):
     channel = Channel.objects.get(pk="payments")
     token = page.split("Token of payments: ")[1].split(" ")[0]
     assert channel.check_token(token)
-    assert token not in staff_client.get("/admin/broker/channel/payments/change/").content.decode()
+    assert (
+        token not in superuser_client.get("/admin/broker/channel/payments/change/").content.decode()
+    )
 
 
-def test_the_consumer_form_refuses_a_private_callback_address(staff_client, job, settings):
+def test_the_consumer_form_refuses_a_private_callback_address(superuser_client, job, settings):
     settings.BROKER_ALLOW_PRIVATE_CALLBACKS = False
     consumer = Consumer.objects.get(pk=job.consumer_id)
     form = {
@@ -125,7 +120,7 @@ def test_the_consumer_form_refuses_a_private_callback_address(staff_client, job,
         "non_retryable_statuses": "[]",
     }
 
-    response = staff_client.post(f"/admin/consumers/consumer/{consumer.pk}/change/", form)
+    response = superuser_client.post(f"/admin/consumers/consumer/{consumer.pk}/change/", form)
 
     assert response.status_code == 200  # the form again, with the error
     assert "errorlist" in response.content.decode()

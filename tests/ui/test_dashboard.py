@@ -20,16 +20,10 @@ from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, DeliveryStats, DispatcherHeartbeat, Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.stats import refresh_delivery_stats
-from tests.helpers import make_channel, make_consumer, make_operator, make_producer
+from tests.helpers import make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-@pytest.fixture
-def staff_client(client):
-    client.force_login(make_operator())
-    return client
 
 
 def job(consumer: Consumer, status=QUEUED, received_at=None) -> Job:

@@ -17,21 +17,9 @@ from broker.models import Message
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import make_channel, make_consumer, make_operator, make_producer
+from tests.helpers import make_channel, make_consumer, make_operator
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def staff_client(client):
-    client.force_login(make_operator())
-    return client
-
-
-@pytest.fixture
-def channel():
-    make_producer()
-    return make_channel()
 
 
 def delivered_message(

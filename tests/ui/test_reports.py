@@ -12,7 +12,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import DeliveryReport
-from tests.helpers import make_operator
 from tests.ui.browser import CHROMIUM, log_in, screenshot
 
 TODAY = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -36,12 +35,6 @@ def report_row(consumer: str, period: datetime, grain: str = "day", **figures) -
     return DeliveryReport.objects.create(
         grain=grain, period_start=period, channel_id="orders", consumer_id=consumer, **values
     )
-
-
-@pytest.fixture
-def staff_client(client):
-    client.force_login(make_operator())
-    return client
 
 
 @pytest.mark.django_db

@@ -24,18 +24,20 @@ from broker.ui.schedule_pages import ScheduledFilters, pending_messages
 from jobs.models import Job
 from jobs.queue import release_due_messages
 from tests.conftest import FORM
-from tests.helpers import make_channel, make_consumer, make_operator, make_producer
+from tests.helpers import (
+    BROADCAST_HEADERS,
+    make_channel,
+    make_consumer,
+    make_operator,
+    make_producer,
+)
+from tests.ui.paging import every_page
 
 pytestmark = pytest.mark.django_db
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 LATER = NOW + timedelta(minutes=10)
 ADMIN_TOKEN = "ui-schedules-admin-token"
-BROADCAST_AUTH = {
-    "X-Broker-Channel-Token": "channel-token",
-    "X-Broker-Producer-ID": "shop",
-    "X-Broker-Producer-Token": "producer-token",
-}
 
 
 @pytest.fixture
@@ -181,15 +183,7 @@ def test_scheduled_pages_follow_a_cursor_with_a_fixed_number_of_queries(
     make_channel("refunds", token="t")
     scheduled("elsewhere", LATER, channel="refunds")
 
-    seen, query_counts = [], set()
-    url = "/ui/scheduled?channel=orders"
-    while url:
-        with CaptureQueriesContext(connection) as queries:
-            response = staff_client.get(url)
-        assert not any("COUNT(" in query["sql"].upper() for query in queries)
-        query_counts.add(len(queries))
-        seen += listed(response)
-        url = response.context["next_page"] and f"/ui/scheduled?{response.context['next_page']}"
+    seen, query_counts = every_page(staff_client, "/ui/scheduled?channel=orders", listed)
 
     assert seen == expected
     assert len(query_counts) == 1  # every page, full or not, costs the same queries
@@ -338,7 +332,7 @@ def test_too_soon_is_refused_with_the_message_the_api_gives(staff_client, orders
         "/channel/orders/broadcast",
         b"x",
         content_type="text/plain",
-        headers={**BROADCAST_AUTH, "X-Broker-Scheduled-For": "2030-01-01T12:04:00Z"},
+        headers={**BROADCAST_HEADERS, "X-Broker-Scheduled-For": "2030-01-01T12:04:00Z"},
     )
     assert api_answer.status_code == 412
 
@@ -521,15 +515,7 @@ def test_periodic_pages_follow_a_cursor_with_a_fixed_number_of_queries(
         create_via_api(name)
     run_due_ticks(now=NOW + timedelta(minutes=1))  # each has a last message to show
 
-    seen, query_counts = [], set()
-    url = "/ui/periodic?channel=orders"
-    while url:
-        with CaptureQueriesContext(connection) as queries:
-            response = staff_client.get(url)
-        assert not any("COUNT(" in query["sql"].upper() for query in queries)
-        query_counts.add(len(queries))
-        seen += listed_periodic(response)
-        url = response.context["next_page"] and f"/ui/periodic?{response.context['next_page']}"
+    seen, query_counts = every_page(staff_client, "/ui/periodic?channel=orders", listed_periodic)
 
     assert seen == names
     assert len(query_counts) == 1
