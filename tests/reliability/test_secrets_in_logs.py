@@ -4,24 +4,22 @@
 One representative session: create a channel, a producer and two consumers with tokens and an
 imported signing secret, broadcast, pull, fail authentication in every way, use and revoke an API
 key, deliver signed webhooks, rotate the signing secret and deliver again, and let a real
-`manage.py dispatch` process deliver too. Every logger runs at DEBUG (SQL with its parameters
-included) and so does the dispatcher process; then every secret value is looked for in the
-captured logs, the process's output and every response (bodies and headers). Issue 16 added the
-delivery and access lines, checked as rendered in both BROKER_LOG_FORMATs (text and json).
+`manage.py dispatch` process deliver too (the `seen` fixture). Every logger runs at DEBUG (SQL
+with its parameters included) and so does the dispatcher process; then every secret value is
+looked for, a test for each, in the captured logs, in the process's output and in every response
+(bodies and headers). Issue 16 added the delivery and access lines, checked as rendered in both
+BROKER_LOG_FORMATs (text and json).
 """
 
 from __future__ import annotations
 
-import asyncio
 import io
 import logging
 import secrets
-import signal
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
@@ -29,12 +27,13 @@ from django.db import connection
 
 from broker import publish
 from consumers.models import Consumer
-from jobs.delivery import AttemptResult, deliver
+from jobs.delivery import AttemptResult
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import Job
 from jobs.states import DELIVERED
 from tests.conftest import FORM
-from tests.processes import start_dispatcher, wait_until
+from tests.delivery import run_once
+from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -95,21 +94,55 @@ def all_logs(caplog):
 
 
 def deliver_due() -> list[AttemptResult]:
-    dispatcher = Dispatcher(DispatcherConfig(dispatcher_id="secrets-test"))
-    requests = dispatcher.claim(50)
-
-    async def send_all() -> list[AttemptResult]:
-        async with aiohttp.ClientSession() as session:
-            return list(await asyncio.gather(*(deliver(session, r, 2.0) for r in requests)))
-
-    results = asyncio.run(send_all())
-    dispatcher.complete(results)
-    return results
+    return run_once(Dispatcher(DispatcherConfig(dispatcher_id="secrets-test")), limit=50)
 
 
-def test_no_secret_in_logs_or_responses_except_where_it_is_set(
-    client, settings, receiver, all_logs
-):
+def admin_api(client, settings, admin_token: str) -> Session:
+    """The test's API client, an admin by `admin_token` (the only one)."""
+    settings.BROKER_ADMIN_TOKENS = [admin_token]
+    return Session(client, {"Authorization": f"Bearer {admin_token}"})
+
+
+def dispatcher_output_until(condition, **environment: str) -> str:
+    """The output of a real `manage.py dispatch` process run until `condition()` holds (30 s at
+    most), then stopped with SIGTERM."""
+    process = start_dispatcher(**environment)
+    try:
+        wait_until(condition, seconds=30)
+        return stop(process)
+    finally:
+        kill_if_running(process)
+
+
+def leaks(values: dict[str, str], places: list[tuple[str, str]]) -> list[str]:
+    """A line "<secret> in <place>" for each secret of `values` (name -> value) found in the text
+    of one of `places` ((place, text) pairs): as it is, URL-encoded, or a signing key's base64."""
+    found: list[str] = []
+    for name, value in values.items():
+        needles = [value, quote(value, safe="")]
+        if value.startswith("whsec_"):
+            needles.append(value.removeprefix("whsec_"))
+        for needle in needles:
+            found.extend(f"{name} in {where}" for where, text in places if needle in text)
+    return found
+
+
+@dataclass
+class Seen:
+    """What the representative session used and produced: the checks below look through it."""
+
+    values: dict[str, str]  # secret name -> value
+    allowed: dict[str, set[str]]  # secret name -> labels of the responses that may show it
+    responses: list[tuple[str, str]]  # (label, everything sent back), in order
+    logs: str  # every record captured in the test process, at DEBUG with SQL
+    debug_records: int  # how many of them are at DEBUG
+    dispatcher_output: str  # a real dispatcher process's, at DEBUG
+
+
+@pytest.fixture
+def seen(client, settings, receiver, all_logs) -> Seen:
+    """The module's representative session, run through the API, the commands, in-process
+    dispatcher steps and a real dispatcher process."""
     values = {
         "admin token": new_secret("admin"),
         "channel token": new_secret("channel"),
@@ -123,9 +156,8 @@ def test_no_secret_in_logs_or_responses_except_where_it_is_set(
         "wrong admin token": new_secret("wrong-admin"),
         "staff password": new_secret("password"),
     }
-    settings.BROKER_ADMIN_TOKENS = [values["admin token"]]
-    api = Session(client, {"Authorization": f"Bearer {values['admin token']}"})
-    allowed: dict[str, set[str]] = {}  # secret -> labels of the responses that may show it
+    api = admin_api(client, settings, values["admin token"])
+    allowed: dict[str, set[str]] = {}
 
     def setting(name: str, method: str, path: str, body: str) -> Any:
         response = api.call(method, path, body)
@@ -271,44 +303,56 @@ def test_no_secret_in_logs_or_responses_except_where_it_is_set(
     # A real dispatcher process at DEBUG, with Django's debug mode (SQL logged) on.
     receiver.replies["/hook"] = Reply(200)
     publish("orders", b"by the process", producer="shop", message_id="m-process")
-    process = start_dispatcher(DJANGO_LOG_LEVEL="DEBUG", DJANGO_DEBUG="true")
-    try:
-        wait_until(
-            lambda: Job.objects.filter(
-                message__public_id="m-process", consumer__public_id="billing", status=DELIVERED
-            ).exists(),
-            seconds=30,
-        )
-        process.send_signal(signal.SIGTERM)
-        dispatcher_output, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert "DEBUG" in dispatcher_output  # it did log at DEBUG
+    dispatcher_output = dispatcher_output_until(
+        lambda: Job.objects.filter(
+            message__public_id="m-process", consumer__public_id="billing", status=DELIVERED
+        ).exists(),
+        DJANGO_LOG_LEVEL="DEBUG",
+        DJANGO_DEBUG="true",
+    )
 
+    # caplog keeps the records of each phase of a test apart: this fixture's are kept here.
+    return Seen(
+        values,
+        allowed,
+        api.responses,
+        all_logs.text,
+        sum(record.levelno == logging.DEBUG for record in all_logs.records),
+        dispatcher_output,
+    )
+
+
+def test_no_secret_in_the_logs_at_debug(seen):
     # The logs were really captured at DEBUG, SQL included (so this test can fail).
-    assert "SELECT" in all_logs.text
-    assert any(record.levelno == logging.DEBUG for record in all_logs.records)
+    assert "SELECT" in seen.logs
+    assert seen.debug_records > 0
 
-    leaks = []
-    for name, value in values.items():
-        needles = [value, quote(value, safe="")]
-        if value.startswith("whsec_"):
-            needles.append(value.removeprefix("whsec_"))  # the key's base64 alone
-        for needle in needles:
-            if needle in all_logs.text:
-                leaks.append(f"{name} in the logs")
-            if needle in dispatcher_output:
-                leaks.append(f"{name} in the dispatcher's output")
-            for label, text in api.responses:
-                if needle in text and label not in allowed.get(name, set()):
-                    leaks.append(f"{name} in the response of {label}")
-    assert leaks == [], "\n".join(leaks)
+    found = leaks(seen.values, [("the logs", seen.logs)])
+    assert found == [], "\n".join(found)
+
+
+def test_no_secret_in_the_output_of_a_dispatcher_process_at_debug(seen):
+    assert "DEBUG" in seen.dispatcher_output  # it did log at DEBUG
+
+    found = leaks(seen.values, [("the dispatcher's output", seen.dispatcher_output)])
+    assert found == [], "\n".join(found)
+
+
+def test_no_secret_in_a_response_but_the_ones_that_set_or_show_it(seen):
+    found: list[str] = []
+    for name, value in seen.values.items():
+        others = [
+            (f"the response of {label}", text)
+            for label, text in seen.responses
+            if label not in seen.allowed.get(name, set())
+        ]
+        found.extend(leaks({name: value}, others))
+    assert found == [], "\n".join(found)
     # Each secret was shown where it was set (the check above is not vacuous).
-    for name, labels in allowed.items():
+    for name, labels in seen.allowed.items():
         for label in labels:
-            text = dict(api.responses)[label]
-            assert values[name] in text or name == "imported signing secret", (name, label)
+            text = dict(seen.responses)[label]
+            assert seen.values[name] in text or name == "imported signing secret", (name, label)
 
 
 def test_the_admin_consumer_page_does_not_show_signing_secrets(client):
@@ -369,8 +413,7 @@ def test_delivery_and_access_lines_carry_no_secret_in_either_format(
         "query token": new_secret("in-query"),
         "wrong admin token": new_secret("wrong-admin"),
     }
-    settings.BROKER_ADMIN_TOKENS = [values["admin token"]]
-    api = Session(client, {"Authorization": f"Bearer {values['admin token']}"})
+    api = admin_api(client, settings, values["admin token"])
     query = f"?token={values['query token']}&api_key={values['query token']}"
     assert api.call("PUT", f"/channel/orders{query}", f"token={values['channel token']}")
     assert api.call("PUT", "/producer/shop", f"token={values['producer token']}")
@@ -425,19 +468,12 @@ def test_delivery_and_access_lines_carry_no_secret_in_either_format(
     receiver.replies["/hook"] = Reply(200)
     Consumer.objects.filter(public_id="billing").update(callback_url=callback)
     publish("orders", b"by the process", producer="shop", message_id="m-process")
-    process = start_dispatcher(
-        BROKER_LOG_FORMAT=log_format, DJANGO_LOG_LEVEL="DEBUG", DJANGO_DEBUG="true"
+    dispatcher_output = dispatcher_output_until(
+        lambda: Job.objects.filter(message__public_id="m-process", status=DELIVERED).exists(),
+        BROKER_LOG_FORMAT=log_format,
+        DJANGO_LOG_LEVEL="DEBUG",
+        DJANGO_DEBUG="true",
     )
-    try:
-        wait_until(
-            lambda: Job.objects.filter(message__public_id="m-process", status=DELIVERED).exists(),
-            seconds=30,
-        )
-        process.send_signal(signal.SIGTERM)
-        dispatcher_output, _ = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
 
     # The test's receiver stands for the consumer's own server: its access log (aiohttp's) is
     # the consumer's business, and shows the query it was called with.
@@ -460,17 +496,13 @@ def test_delivery_and_access_lines_carry_no_secret_in_either_format(
     spans = repr([(s.name, s.attributes, s.status, s.events) for s in traced.get_finished_spans()])
     assert "deliver orders" in spans
 
-    leaks = []
+    found: list[str] = []
     for name, value in values.items():
-        needles = [value, quote(value, safe="")]
-        if value.startswith("whsec_"):
-            needles.append(value.removeprefix("whsec_"))
-        for needle in needles:
-            for where, text in [
-                ("the logs", rendered_without_sql if name in stored_plain else rendered),
-                ("the dispatcher's output", dispatcher_output),
-                ("the spans", spans),
-            ]:
-                if needle in text:
-                    leaks.append(f"{name} in {where}")
-    assert leaks == [], "\n".join(leaks)
+        logs = rendered_without_sql if name in stored_plain else rendered
+        places = [
+            ("the logs", logs),
+            ("the dispatcher's output", dispatcher_output),
+            ("the spans", spans),
+        ]
+        found.extend(leaks({name: value}, places))
+    assert found == [], "\n".join(found)
