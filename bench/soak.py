@@ -14,7 +14,7 @@ loaded machine publishing and delivery take longer, and the soak waits for them 
 keep being delivered.
 
     .venv/bin/python bench/soak.py                    # 600 s at 25 messages/s (100 jobs/s)
-    .venv/bin/python bench/soak.py --seconds 60       # the short run tests/test_soak.py makes
+    .venv/bin/python bench/soak.py --seconds 60       # tests/reliability/test_soak.py's short run
 """
 
 from __future__ import annotations

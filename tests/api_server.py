@@ -24,9 +24,9 @@ from typing import IO
 
 from django.db import connection
 
+from tests import ROOT
 from tests.clock import skip_if_moved
 
-ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).parent / "gunicorn"
 
 

@@ -59,6 +59,33 @@ def admin_client(client, settings):
 
 
 @pytest.fixture
+def superuser_client(client):
+    """The test client logged in as a Django superuser, "ops" (password "pw")."""
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("ops", "ops@example.com", "pw"))
+    return client
+
+
+@pytest.fixture
+def channel():
+    """The "orders" channel and the "shop" producer, with tests/helpers.py's tokens. A module that
+    needs another set-up (with consumers, without a producer...) defines a `channel` of its own."""
+    from tests.helpers import make_channel, make_producer
+
+    make_producer()
+    return make_channel()
+
+
+@pytest.fixture
+def dispatcher():
+    """A dispatcher of the test process, run a step at a time (tests/delivery.py: run_once)."""
+    from jobs.dispatch import Dispatcher, DispatcherConfig
+
+    return Dispatcher(DispatcherConfig(dispatcher_id="test-dispatcher"))
+
+
+@pytest.fixture
 def receiver():
     """A webhook receiver on loopback (tests/receiver.py), stopped after the test."""
     from tests.receiver import Receiver
@@ -66,27 +93,6 @@ def receiver():
     running = Receiver().start()
     yield running
     running.stop()
-
-
-@pytest.fixture
-def page(monkeypatch):
-    """A headless Chromium page (tests/browser.py), closed after the test."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.browser import CHROMIUM, CHROMIUM_ARGS
-
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
-    # between browser steps are still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.set_default_timeout(10_000)
-        yield page
-        browser.close()
-        # The ORM work of the test ran in the context Playwright's sync API set up; its
-        # connection would outlive the test and block the test database's teardown.
-        connection.close()
 
 
 @pytest.fixture(scope="session")

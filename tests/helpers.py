@@ -1,14 +1,33 @@
-"""Tiny builders for test data; each test says what it needs inline."""
+"""Tiny builders for test data (each test says what it needs inline), and work run in threads at
+once."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib.auth.models import Group, User
+from django.db import connection
 from django.utils import timezone
 
+from broker import publish
 from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.models import Job
-from jobs.states import JobStatus
+from jobs.queue import take_for_pull
+from jobs.states import DEAD, DELIVERED, QUEUED, JobStatus
+
+# What a producer and a pull consumer send with the tokens the builders below give by default.
+BROADCAST_HEADERS = {
+    "X-Broker-Channel-Token": "channel-token",
+    "X-Broker-Producer-ID": "shop",
+    "X-Broker-Producer-Token": "producer-token",
+}
+PULL_HEADERS = {
+    "X-Broker-Channel-Token": "channel-token",
+    "X-Broker-Consumer-Token": "consumer-token",
+}
 
 
 def make_channel(channel_id: str = "orders", token: str = "channel-token") -> Channel:
@@ -54,6 +73,22 @@ def make_job(status: JobStatus = JobStatus.QUEUED, *, attempts: int = 0) -> Job:
     return Job.objects.create(message=message, consumer=consumer, status=status, attempts=attempts)
 
 
+def pull_job(
+    consumer: Consumer, status: JobStatus = QUEUED, *, error: str = "gave up", **publish_args: Any
+) -> Job:
+    """A job of `consumer`, published to its channel by "shop" and brought to `status` through the
+    state machine as a pull consumer's job goes (`error`: a DEAD job's last error)."""
+    message = publish(consumer.channel_id, {"order": 1}, producer="shop", **publish_args)
+    job = Job.objects.get(message=message, consumer=consumer)
+    if status != QUEUED:
+        take_for_pull(job)
+    if status == DELIVERED:
+        job.mark_delivered()
+    if status == DEAD:
+        job.mark_dead(error)
+    return job
+
+
 def make_consumer_with_token(
     channel: Channel,
     consumer_id: str = "worker",
@@ -82,3 +117,29 @@ def broker_admin_group() -> Group:
     """The group broker/admin_group.py keeps after every migrate (and after a transactional
     test's flush, which sends post_migrate too)."""
     return Group.objects.get(name=BROKER_ADMIN_GROUP)
+
+
+def at_once(*work: Callable[[], object], timeout: float = 60) -> None:
+    """Run each of `work` in a thread of its own (each with its own database connection, closed
+    at its end), all released together by a barrier; wait for them (`timeout` seconds each at
+    the most) and raise in the test's thread what one of them raised."""
+    barrier = threading.Barrier(len(work))
+    errors: list[BaseException] = []
+
+    def run(one: Callable[[], object]) -> None:
+        try:
+            barrier.wait()
+            one()
+        except BaseException as error:  # re-raised below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(one,)) for one in work]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not any(thread.is_alive() for thread in threads), f"still running after {timeout} s"
+    if errors:
+        raise errors[0]

@@ -12,9 +12,8 @@ from pathlib import Path
 
 from django.db import connection
 
+from tests import ROOT
 from tests.clock import skip_if_moved
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def start_dispatcher(*arguments: str, **environment_overrides: str) -> subprocess.Popen[str]:
@@ -47,6 +46,28 @@ def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Po
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+    )
+
+
+def operator_environment(**variables: str) -> dict[str, str]:
+    """The environment of a broker process started as an operator starts it: manage.py's own
+    settings (not tests.settings), a SQLite file that is never created unless `variables` set
+    DATABASE_URL, and `variables`; for the errors of start-up."""
+    environment = {**os.environ, "DATABASE_URL": "sqlite:///never-created.sqlite3", **variables}
+    environment.pop("DJANGO_SETTINGS_MODULE", None)
+    return environment
+
+
+def run_manage(*arguments: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    """`manage.py <arguments>` run to its end in operator_environment(**variables)."""
+    return subprocess.run(
+        [sys.executable, "manage.py", *arguments],
+        cwd=ROOT,
+        env=operator_environment(**variables),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

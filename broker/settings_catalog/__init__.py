@@ -9,7 +9,7 @@ same variables the same way. Everything else derives from it:
   typed, so `broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS` is an `int` to mypy;
 - the tables of docs/configuration.md are generated from it:
   `python -m broker.settings_catalog docs/configuration.md` rewrites them, `--check` only compares
-  (tests/test_settings_catalog.py fails when they drift).
+  (tests/deploy/test_settings_catalog.py fails when they drift).
 
 A value that cannot be parsed or is out of range raises `ConfigError`, one line naming the
 variable; a secret's value is never part of the message.

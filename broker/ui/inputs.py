@@ -188,7 +188,7 @@ PATH_SEGMENTS: dict[str, Callable[[str], Any]] = {
 
 def check_path(segments: Mapping[str, object]) -> None:
     """Refuse path segments that cannot name anything (BadInput); a route using a name missing
-    from PATH_SEGMENTS is a programming error (KeyError), caught by tests/test_ui_fuzz.py."""
+    from PATH_SEGMENTS is a programming error (KeyError), caught by tests/ui/test_fuzz.py."""
     problems = {}
     for name, value in segments.items():
         try:

@@ -1,0 +1,149 @@
+"""Configuration from the environment fails loudly on bad values (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from broker.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_int_list,
+    env_list,
+    env_secret,
+    parse_database_url,
+)
+from tests.processes import run_manage
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("Yes", True), ("0", False)])
+def test_env_bool_accepts_common_spellings(monkeypatch, raw, expected):
+    monkeypatch.setenv("FLAG", raw)
+
+    assert env_bool("FLAG", not expected) is expected
+
+
+def test_unset_or_empty_values_take_the_default(monkeypatch):
+    monkeypatch.delenv("UNSET", raising=False)
+    monkeypatch.setenv("EMPTY", " ")
+
+    assert env_bool("UNSET", True) is True
+    assert env_int("EMPTY", 7) == 7
+    assert env_list("UNSET", ["a"]) == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "reader", "message"),
+    [
+        ("maybe", lambda: env_bool("VALUE", False), "VALUE='maybe' is not a boolean"),
+        ("3.5", lambda: env_int("VALUE", 1), "VALUE='3.5' is not an integer"),
+        ("-1", lambda: env_int("VALUE", 1, minimum=0), "VALUE=-1 must be at least 0"),
+        ("abc", lambda: env_float("VALUE", 0.2, minimum=0, maximum=1), "is not a number"),
+        ("1.5", lambda: env_float("VALUE", 0.2, minimum=0, maximum=1), "between 0 and 1"),
+        ("30,x", lambda: env_int_list("VALUE", [1]), "comma-separated integers"),
+        ("30,-5", lambda: env_int_list("VALUE", [1]), "at least 0"),
+    ],
+)
+def test_bad_values_raise_naming_the_variable(monkeypatch, raw, reader, message):
+    monkeypatch.setenv("VALUE", raw)
+
+    with pytest.raises(ImproperlyConfigured, match=message):
+        reader()
+
+
+def test_int_list_and_list_parse_commas(monkeypatch):
+    monkeypatch.setenv("DELAYS", "5, 10,,60 ")
+    monkeypatch.setenv("HOSTS", "a.example.com, b.example.com")
+
+    assert env_int_list("DELAYS", []) == [5, 10, 60]
+    assert env_list("HOSTS", []) == ["a.example.com", "b.example.com"]
+
+
+def test_secret_from_file(monkeypatch, tmp_path):
+    secret_file = tmp_path / "key"
+    secret_file.write_text("from-file\n")
+    monkeypatch.delenv("SECRET", raising=False)
+    monkeypatch.setenv("SECRET_FILE", str(secret_file))
+
+    assert env_secret("SECRET", "default") == "from-file"
+
+
+def test_secret_and_secret_file_together_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("SECRET", "inline")
+    monkeypatch.setenv("SECRET_FILE", str(tmp_path / "key"))
+
+    with pytest.raises(ImproperlyConfigured, match="either SECRET or SECRET_FILE"):
+        env_secret("SECRET", "default")
+
+
+def test_unreadable_secret_file_does_not_echo_anything_secret(monkeypatch, tmp_path):
+    monkeypatch.delenv("SECRET", raising=False)
+    monkeypatch.setenv("SECRET_FILE", str(tmp_path / "missing"))
+
+    with pytest.raises(ImproperlyConfigured, match="SECRET_FILE: cannot read"):
+        env_secret("SECRET", "default")
+
+
+@pytest.mark.parametrize(
+    ("url", "engine", "name"),
+    [
+        ("sqlite:///broker.sqlite3", "django.db.backends.sqlite3", "broker.sqlite3"),
+        ("sqlite:////var/lib/broker.db", "django.db.backends.sqlite3", "/var/lib/broker.db"),
+        ("sqlite://:memory:", "django.db.backends.sqlite3", ":memory:"),
+        ("postgres://u:p%40ss@db.internal:6432/broker", "django.db.backends.postgresql", "broker"),
+        ("postgresql:///broker", "django.db.backends.postgresql", "broker"),
+    ],
+)
+def test_database_url_selects_the_store(url, engine, name):
+    database = parse_database_url(url)
+
+    assert (database["ENGINE"], database["NAME"]) == (engine, name)
+
+
+def test_postgres_url_parts_and_options():
+    database = parse_database_url("postgres://u:p%40ss@db.internal:6432/broker?sslmode=require")
+
+    assert (database["USER"], database["PASSWORD"]) == ("u", "p@ss")
+    assert (database["HOST"], database["PORT"]) == ("db.internal", "6432")
+    assert database["OPTIONS"]["sslmode"] == "require"
+
+
+def test_sqlite_uses_wal_and_immediate_transactions():
+    options = parse_database_url("sqlite:///x.sqlite3")["OPTIONS"]
+
+    assert options["transaction_mode"] == "IMMEDIATE"
+    assert "journal_mode=WAL" in options["init_command"]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://root@localhost/broker", "scheme 'mysql' is not supported"),
+        ("sqlite://", "needs a file"),
+        ("postgres://localhost", "needs a database name"),
+        ("postgres://localhost:99999/broker", "invalid port"),
+    ],
+)
+def test_bad_database_urls_are_refused(url, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        parse_database_url(url)
+
+
+def test_the_process_refuses_to_start_with_a_bad_setting():
+    result = run_manage("check", BROKER_RETRY_JITTER="lots")
+
+    assert result.returncode != 0
+    assert "BROKER_RETRY_JITTER='lots' is not a number" in result.stderr
+
+
+def test_broker_settings_fall_back_to_defaults_in_a_host_project(settings):
+    from broker.conf import broker_settings
+
+    del settings.BROKER_MAX_PAYLOAD_BYTES  # a project that installed the apps without setting it
+    settings.BROKER_RETRY_JITTER = 0.5
+
+    assert broker_settings.BROKER_MAX_PAYLOAD_BYTES == 5 * 1024 * 1024
+    assert broker_settings.BROKER_RETRY_JITTER == 0.5
+    with pytest.raises(AttributeError):
+        broker_settings.BROKER_TYPO  # type: ignore[attr-defined]  # noqa: B018

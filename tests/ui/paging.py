@@ -1,0 +1,25 @@
+"""Walking a paged list of the operator UI from its first page to its last."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+
+def every_page(client, url: str, listed: Callable[[Any], list[Any]]) -> tuple[list[Any], set[int]]:
+    """What `listed(response)` reads from each page from `url` on, following the pages'
+    `next_page` cursor, and the set of query counts the pages took. No page may count its rows."""
+    path = url.split("?")[0]
+    seen: list[Any] = []
+    query_counts: set[int] = set()
+    while url:
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(url)
+        assert not any("COUNT(" in query["sql"].upper() for query in queries)
+        query_counts.add(len(queries))
+        seen += listed(response)
+        url = response.context["next_page"] and f"{path}?{response.context['next_page']}"
+    return seen, query_counts
