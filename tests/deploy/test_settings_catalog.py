@@ -1,5 +1,5 @@
-"""Issue 17: every setting declared once (the package broker/settings_catalog/), and everything else (Django's
-settings, `broker_settings`, spark_etl, docs/configuration.md) derived from it."""
+"""Every setting declared once (the package broker/settings_catalog/), and everything else
+(Django's settings, `broker_settings`, spark_etl, docs/configuration.md) derived from it."""
 
 from __future__ import annotations
 
