@@ -28,7 +28,7 @@ from jobs.api.access import authorized_consumer, consumer_job
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
 from jobs.models import Job, delete_jobs
 from jobs.outcome_log import PullReport
-from jobs.queue import claim_for_pull, sweep_expired_leases, take_for_pull
+from jobs.queue import PULL_FAILED, claim_for_pull, sweep_expired_leases, take_for_pull
 from jobs.retry import Verdict
 from jobs.states import (
     DEAD,
@@ -47,7 +47,6 @@ MAX_INCREMENTAL_TIMEOUT = 86400
 MAX_WAIT_SECONDS = 20
 LONGEST_WAIT_ACCEPTED = 3600
 POLL_INTERVAL_SECONDS = 0.2
-PULL_FAILED = "reported failed by the pull consumer"
 TOKEN_HEADERS = [
     OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),
     OpenApiParameter("X-Broker-Consumer-Token", str, OpenApiParameter.HEADER, required=True),
@@ -197,19 +196,28 @@ class JobView(TokenView):
 
 def _transition_request(request: Request) -> tuple[str, int]:
     """NextState and IncrementalTimeout from the JSON body; key case is ignored, as in Go."""
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be JSON.") from None
-    if not isinstance(body, dict):
-        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be a JSON object.")
-    canonical = {"nextstate": "NextState", "incrementaltimeout": "IncrementalTimeout"}
-    form = TransitionRequest(
-        data={canonical.get(key.lower(), key): value for key, value in body.items()}
-    )
+    body = json_object(request.body or b"{}")
+    form = TransitionRequest(data=wire_keys(body, ["NextState", "IncrementalTimeout"]))
     if not form.is_valid():
         raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.")
     return form.validated_data["NextState"], form.validated_data.get("IncrementalTimeout", 0)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request's body: a JSON object, else 400."""
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be JSON.") from None
+    if not isinstance(document, dict):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be a JSON object.")
+    return document
+
+
+def wire_keys(fields: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """`fields` with any spelling of `names` as given there: key case is ignored, as in Go."""
+    canonical = {name.lower(): name for name in names}
+    return {canonical.get(key.lower(), key): value for key, value in fields.items()}
 
 
 def _move(job: Job, target: str, timeout: int) -> None:

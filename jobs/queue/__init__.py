@@ -4,14 +4,16 @@ them, and of the rules those follow (jobs/queue/rules.py).
 - fan-out: `insert_message` (a published message with one job per consumer of its channel),
   `release_due_messages` (scheduled messages), `add_jobs` and `replay_delivered` (replay);
 - claims: `claim_for_push` (dispatchers), `claim_for_pull` and `take_for_pull` (pull consumers);
-- outcomes: `record_outcomes` (push attempts), `release_unsent` (claimed, never sent);
+- outcomes: `record_outcomes` (push attempts), `release_unsent` (claimed, never sent),
+  `report_pull_outcomes` (a pull consumer's reports on many jobs at once);
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
 - wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
 
 Each operation runs on PostgreSQL as the statements of jobs/queue/postgres.py and elsewhere
 through the ORM (jobs/queue/portable.py); which one is the only question of database vendor a
-caller never asks. Pull consumers' reports (DELIVERED, DEAD) and requeues from the dead-letter
-queue are single state changes: the state machine's own (jobs/models.py, jobs/states.py).
+caller never asks. A pull consumer's report on one job (DELIVERED, DEAD) and requeues from the
+dead-letter queue are single state changes: the state machine's own (jobs/models.py,
+jobs/states.py).
 """
 
 from __future__ import annotations
@@ -31,15 +33,19 @@ from jobs.queue.leases import claim_for_pull, sweep_expired_leases, take_for_pul
 from jobs.queue.outcomes import record_failures, release_unsent
 from jobs.queue.portable import PortableQueue
 from jobs.queue.postgres import PostgresQueue
-from jobs.queue.types import ClaimedJob, Inserted, OutgoingMessage
+from jobs.queue.reports import PULL_FAILED, report_pull_outcomes
+from jobs.queue.types import ClaimedJob, Inserted, OutcomeReport, OutgoingMessage, ReportResult
 from jobs.retry import Outcome, Verdict
 from jobs.states import DELIVERED, INFLIGHT, QUEUED, check_transition
 
 __all__ = [
+    "PULL_FAILED",
     "RELEASE_BATCH",
     "ClaimedJob",
     "Inserted",
+    "OutcomeReport",
     "OutgoingMessage",
+    "ReportResult",
     "add_jobs",
     "claim_for_pull",
     "claim_for_push",
@@ -51,6 +57,7 @@ __all__ = [
     "release_due_messages",
     "release_unsent",
     "replay_delivered",
+    "report_pull_outcomes",
     "restart_age",
     "sweep_expired_leases",
     "take_for_pull",
