@@ -28,13 +28,20 @@ from jobs.api.access import authorized_consumer, consumer_job
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
 from jobs.models import Job, delete_jobs
 from jobs.outcome_log import PullReport
-from jobs.queue import PULL_FAILED, claim_for_pull, sweep_expired_leases, take_for_pull
+from jobs.queue import (
+    PULL_FAILED,
+    acknowledge_pull_job,
+    claim_for_pull,
+    sweep_expired_leases,
+    take_for_pull,
+)
 from jobs.retry import Verdict
 from jobs.states import (
     DEAD,
     DELIVERED,
     INFLIGHT,
     QUEUED,
+    JobStatus,
     TransitionConflict,
     check_transition,
 )
@@ -165,8 +172,18 @@ class JobView(TokenView):
     )
     def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        try:
+            target, timeout = _transition_request(request)
+        except ApiError:
+            consumer_job(consumer, job_id)  # a job not found is 404 before a bad body is 400
+            raise
+        # The common report, a held job DELIVERED or DEAD, in one statement; a job it does not
+        # move is looked into below, as every other request is.
+        reason = PULL_FAILED if target == DEAD else ""
+        common = target in (DELIVERED, DEAD) and not timeout
+        if common and acknowledge_pull_job(consumer, job_id, JobStatus(target), reason):
+            return Response(status=status.HTTP_202_ACCEPTED)
         job = consumer_job(consumer, job_id)
-        target, timeout = _transition_request(request)
         if timeout and (target != INFLIGHT or job.status == INFLIGHT):
             raise ApiError(
                 status.HTTP_400_BAD_REQUEST,

@@ -25,7 +25,7 @@ from broker.xids import key_of_xid
 from consumers.models import Consumer
 from jobs.models import Job, job_public_id
 from jobs.outcome_log import PullReport
-from jobs.queue.types import OutcomeReport, ReportResult
+from jobs.queue.types import HELD_COLUMNS, HeldRow, OutcomeReport, ReportResult
 from jobs.retry import Verdict
 from jobs.states import (
     DEAD,
@@ -40,17 +40,7 @@ from jobs.states import (
 PULL_FAILED = "reported failed by the pull consumer"
 PULL_GAVE_BACK = "given back by the pull consumer"
 # What a report's read needs of each job: its key, public ID, state, and its log line's fields.
-REPORT_COLUMNS = (
-    "pk",
-    "created_at",
-    "status",
-    "attempts",
-    "status_changed_at",
-    "message__public_id",
-    "message__channel_id",
-    "message__traceparent",
-    "message__tracestate",
-)
+REPORT_COLUMNS = ("pk", "created_at", "status", *HELD_COLUMNS)
 VERDICTS = {DELIVERED: Verdict.DELIVERED, DEAD: Verdict.DEAD, QUEUED: Verdict.RETRY}
 
 
@@ -119,13 +109,18 @@ def _locked(consumer: Consumer, public_ids: list[str]) -> dict[str, _Held]:
         .values_list(*REPORT_COLUMNS)
     )
     jobs = {}
-    for pk, created, status, attempts, taken_at, message_id, channel, *trace in rows:
+    for pk, created, status, *held in rows:
         job_id = job_public_id(pk, created)  # an ID with another creation second names no job
-        log = PullReport(
-            job_id, message_id, channel, consumer.public_id, attempts, taken_at, *trace
-        )
-        jobs[job_id] = _Held(pk, status, log)
+        jobs[job_id] = _Held(pk, status, held_report(job_id, consumer, held))
     return jobs
+
+
+def held_report(job_id: str, consumer: Consumer, held: HeldRow) -> PullReport:
+    """The log line's values of a job read as HELD_COLUMNS, before its move."""
+    attempts, taken_at, message_id, channel, traceparent, tracestate = held
+    return PullReport(
+        job_id, message_id, channel, consumer.public_id, attempts, taken_at, traceparent, tracestate
+    )
 
 
 def _unmoved(report: OutcomeReport, job: _Held | None) -> ReportResult:

@@ -109,3 +109,27 @@ class ReportResult:
     job_id: str
     state: JobStatus | None
     refused: str = ""
+
+
+@dataclass(frozen=True)
+class NamedJob:
+    """The job a pull consumer names by its public ID: the row's key, the consumer's, and the
+    creation second the ID also holds (from its start to the next)."""
+
+    key: int
+    consumer_id: int
+    created_from: datetime
+    created_until: datetime
+
+
+# What acknowledging one pull job returns of it for its log line (jobs/outcome_log.py,
+# PullReport), as it was before the move; the PostgreSQL statement returns the same columns.
+HeldRow = tuple[Any, ...]
+HELD_COLUMNS = (
+    "attempts",
+    "status_changed_at",
+    "message__public_id",
+    "message__channel_id",
+    "message__traceparent",
+    "message__tracestate",
+)
