@@ -35,6 +35,7 @@ from consumers.api import (
 from jobs.api.dlq import DeadLetterQueueView
 from jobs.api.metrics import MetricsView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
+from jobs.api.pull_report import ReportView
 from jobs.api.summaries import DlqStatusView, JobStatusView
 
 
@@ -80,6 +81,7 @@ urlpatterns = [
     path(CONSUMER, ConsumerDetailView.as_view()),
     path(f"{CONSUMER}/queued-jobs", QueuedJobsView.as_view()),
     path(f"{CONSUMER}/claim", ClaimView.as_view()),
+    path(f"{CONSUMER}/report", ReportView.as_view()),
     path(f"{CONSUMER}/job/<key:job_id>", JobView.as_view()),
     path(f"{CONSUMER}/job/<key:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
     path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),

@@ -30,12 +30,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Move every job of this queryset that is still `source` to `target`.
 
         One conditional UPDATE: concurrent actors can never both win, and the returned row count
-        says how many jobs this caller moved.
+        says how many jobs this caller moved. `status_changed_at` is now unless `changes` says.
         """
         check_transition(source, target)
-        return self.filter(status=source).update(
-            status=target, status_changed_at=timezone.now(), **changes
-        )
+        changes.setdefault("status_changed_at", timezone.now())
+        return self.filter(status=source).update(status=target, **changes)
 
     def requeue_dead(self) -> int:
         return self.transition(DEAD, QUEUED, **_requeue_changes())
@@ -48,14 +47,22 @@ class JobQuerySet(models.QuerySet["Job"]):
     def with_public_id(self, public_id: str) -> JobQuerySet:
         """The job named by `public_id` (Job.public_id), found by its primary key; none if the ID
         is malformed or names another job's key with a different creation second."""
-        parts = key_of_xid(public_id)
-        if parts is None:
+        named = named_by(public_id)
+        if named is None:
             return self.none()
-        seconds, key = parts
-        created = datetime.fromtimestamp(seconds, tz=UTC)
+        key, created = named
         return self.filter(
             pk=key, created_at__gte=created, created_at__lt=created + timedelta(seconds=1)
         )
+
+
+def named_by(public_id: str) -> tuple[int, datetime] | None:
+    """The key and the creation second of the job `public_id` names; None if it is malformed."""
+    parts = key_of_xid(public_id)
+    if parts is None:
+        return None
+    seconds, key = parts
+    return key, datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def _requeue_changes() -> dict[str, Any]:
@@ -182,13 +189,22 @@ class Job(models.Model):
 
     def move(self, source: JobStatus, target: JobStatus, **changes: Any) -> None:
         """Move this job from `source` to `target` if it is still `source`; TransitionConflict if
-        another actor moved it first. The instance is refreshed."""
+        another actor moved it first. The instance then holds what the move wrote."""
         check_transition(source, target)
         if self.status != source:
             raise ForbiddenTransition(self.status, target)
+        changes = {"status_changed_at": timezone.now(), **changes}
         if not Job.objects.filter(pk=self.pk).transition(source, target, **changes):
             raise TransitionConflict(self.pk, source, target)
-        self.refresh_from_db()
+        # The values written are known: only those the database computed (F("attempts") + 1)
+        # are read back, instead of the whole row.
+        computed = [name for name, value in changes.items() if hasattr(value, "resolve_expression")]
+        for name, value in changes.items():
+            if name not in computed:
+                setattr(self, name, value)
+        self.status = target
+        if computed:
+            self.refresh_from_db(fields=computed)
 
 
 def delete_jobs(jobs: models.QuerySet[Job]) -> int:

@@ -1,11 +1,12 @@
 """A log line per delivery outcome (docs/observability.md): each push attempt once its outcome is
 recorded (`Dispatcher.complete`, the one place that records them), and each report of a pull
-consumer that moves its job to DELIVERED or DEAD.
+consumer that moves its job to DELIVERED or DEAD, or gives it back to the queue (a retry).
 
 Logger `broker.deliveries`: INFO, or WARNING when the job goes DEAD, with the reason. The fields
 go with `extra=` (keys of the object with BROKER_LOG_FORMAT=json) and are said in the message
 too. None is secret: public IDs, the status, the error class and the job's last error, which
-never holds the callback URL (`describe_error` in jobs/delivery.py) nor an answer's body.
+never holds the callback URL (`describe_error` in jobs/delivery.py) nor an answer's body (a
+pull worker's last error is what the worker itself reported).
 """
 
 from __future__ import annotations
@@ -55,40 +56,59 @@ def log_attempt(result: AttemptResult, outcome: Outcome) -> None:
 
 @dataclass(frozen=True)
 class PullReport:
-    """A pull consumer's job as it was before the consumer reported on it."""
+    """What the log line of a pull consumer's report says of its job, read before the move
+    changes it: `taken_at` is when the consumer took the job."""
 
-    fields: dict[str, Any]
+    job_id: str
+    message_id: str
+    channel: str
+    consumer: str
+    attempt: int
     taken_at: datetime
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @classmethod
     def of(cls, job: Job) -> PullReport:
-        """Read before the move, which reloads the job without its message and consumer."""
-        trace = parse(job.message.traceparent, job.message.tracestate)
-        fields: dict[str, Any] = {
-            "job_id": job.public_id,
-            "message_id": job.message.public_id,
-            "channel": job.message.channel_id,
-            "consumer": job.consumer.public_id,
-            "consumer_type": "pull",
-            "attempt": job.attempts,
-        }
-        if trace:
-            fields["trace_id"] = trace.trace_id
-        return cls(fields, job.status_changed_at)
+        """From the job with its message and consumer."""
+        message = job.message
+        return cls(
+            job.public_id,
+            message.public_id,
+            message.channel_id,
+            job.consumer.public_id,
+            job.attempts,
+            job.status_changed_at,
+            message.traceparent,
+            message.tracestate,
+        )
 
-    def log(self, verdict: Verdict, reason: str = "") -> None:
-        """The line of the report: `duration_ms` is how long the consumer held the job."""
+    def log(self, verdict: Verdict, reason: str = "", due_at: datetime | None = None) -> None:
+        """The line of the report: `duration_ms` is how long the consumer held the job. Nothing is
+        built when the line would not be written."""
         level = logging.WARNING if verdict is Verdict.DEAD else logging.INFO
+        if not logger.isEnabledFor(level):
+            return
         held_ms = (timezone.now() - self.taken_at).total_seconds() * 1000
         fields: dict[str, Any] = {
-            **self.fields,
+            "job_id": self.job_id,
+            "message_id": self.message_id,
+            "channel": self.channel,
+            "consumer": self.consumer,
+            "consumer_type": "pull",
+            "attempt": self.attempt,
             "outcome": verdict.value,
             "status_code": None,
             "error_class": "",
             "duration_ms": round(held_ms, 1),
         }
+        if due_at is not None:
+            fields["retry_at"] = due_at.isoformat()
+        trace = parse(self.traceparent, self.tracestate)
+        if trace:
+            fields["trace_id"] = trace.trace_id
         if reason:
-            fields["reason"] = reason
+            fields["reason"] = one_line(reason)  # a worker's own words may hold line breaks
         _log(level, fields)
 
 

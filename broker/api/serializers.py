@@ -108,6 +108,15 @@ class PayloadFieldsMixin(serializers.Serializer[Any]):
         return data
 
 
+def payload_fields(message: Message) -> dict[str, Any]:
+    """`PayloadFieldsMixin`'s fields of one message, for a serializer that writes its output
+    out rather than field by field (`QueuedMessageSerializer`)."""
+    encoded = _encoded_payload(message)
+    if encoded is None:
+        return {"Payload": None, "PayloadEncoding": None, "PayloadError": PAYLOAD_MISSING}
+    return {"Payload": encoded[0], "PayloadEncoding": encoded[1]}
+
+
 def _encoded_payload(message: Message) -> tuple[str, str] | None:
     """The payload as `encode_payload` gives it; None when its offloaded file is gone."""
     try:

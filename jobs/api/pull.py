@@ -28,13 +28,20 @@ from jobs.api.access import authorized_consumer, consumer_job
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
 from jobs.models import Job, delete_jobs
 from jobs.outcome_log import PullReport
-from jobs.queue import claim_for_pull, sweep_expired_leases, take_for_pull
+from jobs.queue import (
+    PULL_FAILED,
+    acknowledge_pull_job,
+    claim_for_pull,
+    sweep_expired_leases,
+    take_for_pull,
+)
 from jobs.retry import Verdict
 from jobs.states import (
     DEAD,
     DELIVERED,
     INFLIGHT,
     QUEUED,
+    JobStatus,
     TransitionConflict,
     check_transition,
 )
@@ -47,7 +54,6 @@ MAX_INCREMENTAL_TIMEOUT = 86400
 MAX_WAIT_SECONDS = 20
 LONGEST_WAIT_ACCEPTED = 3600
 POLL_INTERVAL_SECONDS = 0.2
-PULL_FAILED = "reported failed by the pull consumer"
 TOKEN_HEADERS = [
     OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),
     OpenApiParameter("X-Broker-Consumer-Token", str, OpenApiParameter.HEADER, required=True),
@@ -166,8 +172,18 @@ class JobView(TokenView):
     )
     def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
+        try:
+            target, timeout = _transition_request(request)
+        except ApiError:
+            consumer_job(consumer, job_id)  # a job not found is 404 before a bad body is 400
+            raise
+        # The common report, a held job DELIVERED or DEAD, in one statement; a job it does not
+        # move is looked into below, as every other request is.
+        reason = PULL_FAILED if target == DEAD else ""
+        common = target in (DELIVERED, DEAD) and not timeout
+        if common and acknowledge_pull_job(consumer, job_id, JobStatus(target), reason):
+            return Response(status=status.HTTP_202_ACCEPTED)
         job = consumer_job(consumer, job_id)
-        target, timeout = _transition_request(request)
         if timeout and (target != INFLIGHT or job.status == INFLIGHT):
             raise ApiError(
                 status.HTTP_400_BAD_REQUEST,
@@ -197,19 +213,28 @@ class JobView(TokenView):
 
 def _transition_request(request: Request) -> tuple[str, int]:
     """NextState and IncrementalTimeout from the JSON body; key case is ignored, as in Go."""
-    try:
-        body = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be JSON.") from None
-    if not isinstance(body, dict):
-        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be a JSON object.")
-    canonical = {"nextstate": "NextState", "incrementaltimeout": "IncrementalTimeout"}
-    form = TransitionRequest(
-        data={canonical.get(key.lower(), key): value for key, value in body.items()}
-    )
+    body = json_object(request.body or b"{}")
+    form = TransitionRequest(data=wire_keys(body, ["NextState", "IncrementalTimeout"]))
     if not form.is_valid():
         raise ApiError(status.HTTP_400_BAD_REQUEST, "Invalid transition request.")
     return form.validated_data["NextState"], form.validated_data.get("IncrementalTimeout", 0)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request's body: a JSON object, else 400."""
+    try:
+        document = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be JSON.") from None
+    if not isinstance(document, dict):
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be a JSON object.")
+    return document
+
+
+def wire_keys(fields: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """`fields` with any spelling of `names` as given there: key case is ignored, as in Go."""
+    canonical = {name.lower(): name for name in names}
+    return {canonical.get(key.lower(), key): value for key, value in fields.items()}
 
 
 def _move(job: Job, target: str, timeout: int) -> None:

@@ -4,42 +4,58 @@ them, and of the rules those follow (jobs/queue/rules.py).
 - fan-out: `insert_message` (a published message with one job per consumer of its channel),
   `release_due_messages` (scheduled messages), `add_jobs` and `replay_delivered` (replay);
 - claims: `claim_for_push` (dispatchers), `claim_for_pull` and `take_for_pull` (pull consumers);
-- outcomes: `record_outcomes` (push attempts), `release_unsent` (claimed, never sent);
+- outcomes: `record_outcomes` (push attempts), `release_unsent` (claimed, never sent),
+  `acknowledge_pull_job` and `report_pull_outcomes` (a pull consumer's reports on one job, and
+  on many at once);
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
 - wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
 
 Each operation runs on PostgreSQL as the statements of jobs/queue/postgres.py and elsewhere
 through the ORM (jobs/queue/portable.py); which one is the only question of database vendor a
-caller never asks. Pull consumers' reports (DELIVERED, DEAD) and requeues from the dead-letter
-queue are single state changes: the state machine's own (jobs/models.py, jobs/states.py).
+caller never asks. Requeues from the dead-letter queue, and a pull consumer's report on one job
+that is not the common INFLIGHT -> DELIVERED or DEAD, are single state changes: the state
+machine's own (jobs/models.py, jobs/states.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from broker.models import Message
+from consumers.models import Consumer
 from jobs.delivery import AttemptResult
-from jobs.models import Job
+from jobs.models import Job, named_by
 from jobs.queue.expiry import expire_old_jobs, restart_age
 from jobs.queue.fanout import add_jobs
 from jobs.queue.leases import claim_for_pull, sweep_expired_leases, take_for_pull
 from jobs.queue.outcomes import record_failures, release_unsent
 from jobs.queue.portable import PortableQueue
 from jobs.queue.postgres import PostgresQueue
-from jobs.queue.types import ClaimedJob, Inserted, OutgoingMessage
+from jobs.queue.reports import PULL_FAILED, held_report, report_pull_outcomes
+from jobs.queue.types import (
+    ClaimedJob,
+    Inserted,
+    NamedJob,
+    OutcomeReport,
+    OutgoingMessage,
+    ReportResult,
+)
 from jobs.retry import Outcome, Verdict
-from jobs.states import DELIVERED, INFLIGHT, QUEUED, check_transition
+from jobs.states import DELIVERED, INFLIGHT, QUEUED, JobStatus, check_transition
 
 __all__ = [
+    "PULL_FAILED",
     "RELEASE_BATCH",
     "ClaimedJob",
     "Inserted",
+    "OutcomeReport",
     "OutgoingMessage",
+    "ReportResult",
+    "acknowledge_pull_job",
     "add_jobs",
     "claim_for_pull",
     "claim_for_push",
@@ -51,6 +67,7 @@ __all__ = [
     "release_due_messages",
     "release_unsent",
     "replay_delivered",
+    "report_pull_outcomes",
     "restart_age",
     "sweep_expired_leases",
     "take_for_pull",
@@ -123,6 +140,27 @@ def record_outcomes(
             _backend().record_deliveries(delivered, dispatcher_id, now)
         applied = record_failures(failed, outcomes, answered, dispatcher_id, now)
     return {r.job_id: outcomes[r.job_id] for r in delivered} | applied
+
+
+def acknowledge_pull_job(
+    consumer: Consumer, public_id: str, target: JobStatus, reason: str
+) -> bool:
+    """A pull consumer's report on one INFLIGHT job it holds: DELIVERED, or DEAD with `reason` as
+    its last error; one statement on PostgreSQL, and the outcome's log line. False when it moved
+    nothing (the job is not the consumer's, not INFLIGHT, or was moved meanwhile), which the
+    caller looks into."""
+    check_transition(INFLIGHT, target)
+    named = named_by(public_id)
+    if named is None:
+        return False
+    key, created = named
+    job = NamedJob(key, consumer.pk, created, created + timedelta(seconds=1))
+    held = _backend().acknowledge_pull_job(job, target, reason, timezone.now())
+    if held is None:
+        return False
+    verdict = Verdict.DELIVERED if target == DELIVERED else Verdict.DEAD
+    held_report(public_id, consumer, held).log(verdict, reason)
+    return True
 
 
 def wake_dispatchers() -> None:

@@ -28,8 +28,8 @@ from jobs.queue.rules import (
     lease_expiry,
     receiving_push_consumers,
 )
-from jobs.queue.types import CLAIM_COLUMNS, ClaimedJob, Inserted
-from jobs.states import DELIVERED, INFLIGHT, QUEUED
+from jobs.queue.types import CLAIM_COLUMNS, HELD_COLUMNS, ClaimedJob, HeldRow, Inserted, NamedJob
+from jobs.states import DELIVERED, INFLIGHT, QUEUED, JobStatus
 
 
 class PortableQueue:
@@ -96,6 +96,27 @@ class PortableQueue:
         for result in results:
             still_ours(result).transition(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
         close_circuits({r.consumer_id for r in results})
+
+    def acknowledge_pull_job(
+        self, job: NamedJob, target: str, reason: str, now: datetime
+    ) -> HeldRow | None:
+        named = Job.objects.filter(
+            pk=job.key,
+            consumer_id=job.consumer_id,
+            created_at__gte=job.created_from,
+            created_at__lt=job.created_until,
+        )
+        row = named.filter(status=INFLIGHT).values_list(*HELD_COLUMNS).first()
+        if row is None:
+            return None
+        moved = named.transition(
+            INFLIGHT,
+            JobStatus(target),
+            status_changed_at=now,
+            lease_expires_at=None,
+            last_error=reason,
+        )
+        return row if moved else None
 
     def wake_dispatchers(self) -> None:
         """Dispatchers poll the database: nothing to wake."""

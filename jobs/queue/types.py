@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from jobs.states import JobStatus
+
 
 @dataclass(frozen=True)
 class OutgoingMessage:
@@ -86,3 +88,48 @@ class Inserted:
 
     channel_found: bool
     producer_found: bool
+
+
+@dataclass(frozen=True)
+class OutcomeReport:
+    """A pull consumer's report on one job it holds: DELIVERED, DEAD, or QUEUED (given back, due
+    again after `delay_seconds`), with the consumer's own words on a failure."""
+
+    job_id: str  # the job's public ID, as the consumer was given it
+    next_state: JobStatus
+    delay_seconds: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What became of one report: the job's state now (None: the consumer has no such job), and
+    why it is not where the report asked (empty when it is)."""
+
+    job_id: str
+    state: JobStatus | None
+    refused: str = ""
+
+
+@dataclass(frozen=True)
+class NamedJob:
+    """The job a pull consumer names by its public ID: the row's key, the consumer's, and the
+    creation second the ID also holds (from its start to the next)."""
+
+    key: int
+    consumer_id: int
+    created_from: datetime
+    created_until: datetime
+
+
+# What acknowledging one pull job returns of it for its log line (jobs/outcome_log.py,
+# PullReport), as it was before the move; the PostgreSQL statement returns the same columns.
+HeldRow = tuple[Any, ...]
+HELD_COLUMNS = (
+    "attempts",
+    "status_changed_at",
+    "message__public_id",
+    "message__channel_id",
+    "message__traceparent",
+    "message__tracestate",
+)

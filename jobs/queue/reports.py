@@ -1,0 +1,170 @@
+"""A pull consumer's reports on many of its jobs at once (docs/api.md, "Pull consumers"): each job
+DELIVERED, DEAD, or given back to the queue, due again after a delay, or DEAD once it has used
+all its attempts, as when its lease runs out (jobs/queue/leases.py).
+
+One transaction whatever the batch's size: one read of the named jobs, locked, then one
+conditional UPDATE per target through the state machine (`JobQuerySet.transition`). The lock
+makes each UPDATE move exactly the jobs the read found INFLIGHT, so nothing is read back: a job
+the lease sweep took back first is read as QUEUED and refused, and one the sweep comes for
+meanwhile waits for the report, after which it is no longer INFLIGHT. Reports lock in key order,
+so two of them never deadlock. Each move is logged once, after the commit (jobs/outcome_log.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import models, transaction
+from django.db.models import Case, Value, When
+from django.utils import timezone
+
+from broker.xids import key_of_xid
+from consumers.models import Consumer
+from jobs.models import Job, job_public_id
+from jobs.outcome_log import PullReport
+from jobs.queue.types import HELD_COLUMNS, HeldRow, OutcomeReport, ReportResult
+from jobs.retry import Verdict
+from jobs.states import (
+    DEAD,
+    DELIVERED,
+    INFLIGHT,
+    QUEUED,
+    ForbiddenTransition,
+    JobStatus,
+    check_transition,
+)
+
+PULL_FAILED = "reported failed by the pull consumer"
+PULL_GAVE_BACK = "given back by the pull consumer"
+# What a report's read needs of each job: its key, public ID, state, and its log line's fields.
+REPORT_COLUMNS = ("pk", "created_at", "status", *HELD_COLUMNS)
+VERDICTS = {DELIVERED: Verdict.DELIVERED, DEAD: Verdict.DEAD, QUEUED: Verdict.RETRY}
+
+
+@dataclass
+class _Held:
+    """One of the consumer's jobs as the report's read found it (plain values: no model)."""
+
+    pk: int
+    status: str
+    report: PullReport
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One job leaving INFLIGHT: where to, with what last error, due when (QUEUED)."""
+
+    job: _Held
+    target: JobStatus
+    reason: str = ""
+    due_at: datetime | None = None
+
+
+def report_pull_outcomes(
+    consumer: Consumer, reports: Sequence[OutcomeReport], now: datetime | None = None
+) -> list[ReportResult]:
+    """Apply the consumer's reports on its INFLIGHT jobs; a result per report, in their order.
+
+    A job already where its report asks is left alone; a job that is not the consumer's (or an
+    ID that names no job) has no state; any other job that is not INFLIGHT is refused, with the
+    state machine's reason. Reports after the first on the same job see it where the first left
+    it.
+    """
+    for report in reports:
+        check_transition(INFLIGHT, report.next_state)  # DELIVERED, DEAD or QUEUED
+    now = now or timezone.now()
+    max_attempts = consumer.max_attempts
+    results: list[ReportResult] = []
+    moves: list[_Move] = []
+    with transaction.atomic():
+        jobs = _locked(consumer, [report.job_id for report in reports])
+        for report in reports:
+            job = jobs.get(report.job_id)
+            if job is None or job.status != INFLIGHT:
+                results.append(_unmoved(report, job))
+                continue
+            move = _move(job, report, max_attempts, now)
+            job.status = move.target  # a later report on the job sees where this one left it
+            moves.append(move)
+            results.append(ReportResult(report.job_id, move.target))
+        for target in (DELIVERED, DEAD, QUEUED):
+            _apply([move for move in moves if move.target == target], target)
+    for move in moves:
+        move.job.report.log(VERDICTS[move.target], move.reason, move.due_at)
+    return results
+
+
+def _locked(consumer: Consumer, public_ids: list[str]) -> dict[str, _Held]:
+    """The consumer's jobs among `public_ids`, by public ID, locked until the transaction ends."""
+    keys = [parts[1] for parts in map(key_of_xid, public_ids) if parts is not None]
+    if not keys:
+        return {}
+    rows = (
+        Job.objects.filter(consumer=consumer, pk__in=keys)
+        .select_for_update(of=("self",))
+        .order_by("pk")
+        .values_list(*REPORT_COLUMNS)
+    )
+    jobs = {}
+    for pk, created, status, *held in rows:
+        job_id = job_public_id(pk, created)  # an ID with another creation second names no job
+        jobs[job_id] = _Held(pk, status, held_report(job_id, consumer, held))
+    return jobs
+
+
+def held_report(job_id: str, consumer: Consumer, held: HeldRow) -> PullReport:
+    """The log line's values of a job read as HELD_COLUMNS, before its move."""
+    attempts, taken_at, message_id, channel, traceparent, tracestate = held
+    return PullReport(
+        job_id, message_id, channel, consumer.public_id, attempts, taken_at, traceparent, tracestate
+    )
+
+
+def _unmoved(report: OutcomeReport, job: _Held | None) -> ReportResult:
+    """The result of a report on a job that is not INFLIGHT, or not the consumer's."""
+    if job is None:
+        return ReportResult(report.job_id, None)
+    state = JobStatus(job.status)
+    if state == report.next_state:
+        return ReportResult(report.job_id, state)
+    return ReportResult(report.job_id, state, str(ForbiddenTransition(state, report.next_state)))
+
+
+def _move(job: _Held, report: OutcomeReport, max_attempts: int, now: datetime) -> _Move:
+    """Where an INFLIGHT job goes: a job given back with no attempt left is DEAD, as when its
+    lease expires (jobs/queue/leases.py)."""
+    said = f": {report.error}" if report.error else ""
+    if report.next_state == DELIVERED:
+        return _Move(job, DELIVERED)
+    if report.next_state == DEAD:
+        return _Move(job, DEAD, PULL_FAILED + said)
+    if job.report.attempt >= max_attempts:
+        return _Move(job, DEAD, f"{PULL_GAVE_BACK}{said}; no attempts left")
+    return _Move(job, QUEUED, PULL_GAVE_BACK + said, now + timedelta(seconds=report.delay_seconds))
+
+
+def _apply(moves: list[_Move], target: JobStatus) -> None:
+    """One conditional UPDATE for all the moves to `target`; each job's own values by CASE."""
+    if not moves:
+        return
+    changes: dict[str, Any] = {"lease_expires_at": None}
+    changes["last_error"] = _per_job(moves, "reason", models.TextField())
+    if target == QUEUED:
+        changes["next_attempt_at"] = _per_job(moves, "due_at", models.DateTimeField())
+    moved = Job.objects.filter(pk__in=[move.job.pk for move in moves]).transition(
+        INFLIGHT, target, **changes
+    )
+    if moved != len(moves):  # the lock rules it out; never log or answer a move not made
+        raise RuntimeError(f"{len(moves) - moved} locked INFLIGHT jobs did not move to {target}")
+
+
+def _per_job(moves: list[_Move], name: str, field: models.Field[Any, Any]) -> Any:
+    """The moves' value of `name`: the value itself when they share it, else a CASE by job."""
+    values = {move.job.pk: getattr(move, name) for move in moves}
+    if len(set(values.values())) == 1:
+        return next(iter(values.values()))
+    whens = [When(pk=pk, then=Value(value, output_field=field)) for pk, value in values.items()]
+    return Case(*whens, output_field=field)
