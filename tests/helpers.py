@@ -106,6 +106,11 @@ def make_consumer_with_token(
 BROKER_ADMIN_GROUP = "broker admin"
 
 
+def tokens(consumer: str = "consumer-token", channel: str = "channel-token") -> dict[str, str]:
+    """The pull API's token headers: the tokens make_channel and make_consumer_with_token set."""
+    return {"X-Broker-Channel-Token": channel, "X-Broker-Consumer-Token": consumer}
+
+
 def make_operator(username: str = "ops", password: str = "pw") -> User:
     """A staff user in the group "broker admin": every right over the broker (docs/ui.md)."""
     user = User.objects.create_user(username, password=password, is_staff=True)

@@ -14,7 +14,7 @@ import time_machine
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
-from tests.helpers import make_channel, make_consumer_with_token, pull_job
+from tests.helpers import make_channel, make_consumer_with_token, pull_job, tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -27,15 +27,6 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 @pytest.fixture(autouse=True)
 def admin_token(settings):
     settings.BROKER_ADMIN_TOKENS = ["admin-token"]
-
-
-@pytest.fixture
-def worker(channel):
-    return make_consumer_with_token(channel)
-
-
-def tokens(consumer: str = "consumer-token", channel: str = "channel-token") -> dict[str, str]:
-    return {"X-Broker-Channel-Token": channel, "X-Broker-Consumer-Token": consumer}
 
 
 def jobs_of(

@@ -22,7 +22,7 @@ from consumers.models import Consumer
 from jobs.models import Job
 from jobs.queue.leases import LEASE_EXPIRED, sweep_expired_leases
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import at_once, make_consumer_with_token, pull_job
+from tests.helpers import at_once, make_consumer_with_token, pull_job, tokens
 
 pytestmark = pytest.mark.django_db
 
@@ -32,19 +32,10 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def worker(channel):
-    return make_consumer_with_token(channel)
-
-
-@pytest.fixture
 def lease_settings(settings):
     settings.BROKER_DELIVERY_TIMEOUT_SECONDS = 30
     settings.BROKER_RATIONAL_DELAY_SECONDS = 2
     return settings
-
-
-def tokens(consumer: str = "consumer-token", channel: str = "channel-token") -> dict[str, str]:
-    return {"X-Broker-Channel-Token": channel, "X-Broker-Consumer-Token": consumer}
 
 
 def url(consumer_id: str = "worker", tail: str = "queued-jobs") -> str:

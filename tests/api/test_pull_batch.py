@@ -22,34 +22,21 @@ from broker import publish
 from broker.api.serializers import PayloadFieldsMixin
 from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
-from jobs import outcome_log, queue
+from jobs import outcome_log
 from jobs.api.serializers import QueuedJobSerializer, QueuedMessageSerializer
 from jobs.models import Job
 from jobs.queue import OutcomeReport, ReportResult, report_pull_outcomes, take_for_pull
 from jobs.queue import reports as report_module
 from jobs.queue.leases import sweep_expired_leases
-from jobs.queue.portable import PortableQueue
 from jobs.queue.postgres import PostgresQueue
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, ForbiddenTransition, JobStatus
-from tests.helpers import make_channel, make_consumer_with_token, make_producer
+from tests.helpers import make_consumer_with_token, tokens
 
 pytestmark = pytest.mark.django_db
 
 JSON = "application/json"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 REPORT_URL = "/channel/orders/consumer/worker/report"
-
-
-@pytest.fixture
-def channel():
-    channel = make_channel()
-    make_producer()
-    return channel
-
-
-@pytest.fixture
-def worker(channel):
-    return make_consumer_with_token(channel)
 
 
 @pytest.fixture
@@ -64,10 +51,6 @@ def lease_settings(settings):
 def deliveries(caplog):
     caplog.set_level(logging.INFO, logger="broker.deliveries")
     return lambda: [r for r in caplog.records if r.name == "broker.deliveries"]
-
-
-def tokens(consumer: str = "consumer-token", channel: str = "channel-token") -> dict[str, str]:
-    return {"X-Broker-Channel-Token": channel, "X-Broker-Consumer-Token": consumer}
 
 
 def job_for(consumer: Consumer, status: JobStatus = INFLIGHT) -> Job:
@@ -604,16 +587,6 @@ def test_a_batch_takes_as_many_queries_whatever_its_size(client, worker):
     assert queries_of(client, *mixed) == three_targets == one + 2  # an UPDATE per target
 
 
-@pytest.fixture(params=["postgres", "portable"])
-def backend(request, monkeypatch):
-    """The queue's operations on one implementation (as in tests/test_queue.py)."""
-    if request.param == "postgres" and connection.vendor != "postgresql":
-        pytest.skip("the PostgreSQL statements need PostgreSQL")
-    implementation = PostgresQueue() if request.param == "postgres" else PortableQueue()
-    monkeypatch.setattr(queue, "_backend", lambda: implementation)
-    return request.param
-
-
 def acknowledge(client, job: Job | str, state: str = DELIVERED, **fields: object):
     job_id = job if isinstance(job, str) else job.public_id
     return client.post(
@@ -633,7 +606,7 @@ def test_a_single_acknowledgement_is_the_consumer_read_and_one_statement(client,
     assert response.status_code == 202
     # The consumer with its channel's token hash, then the move (PostgreSQL: one statement that
     # also returns what the log line needs; elsewhere a read and the move).
-    assert len(queries) == (2 if backend == "postgres" else 3)
+    assert len(queries) == (2 if isinstance(backend, PostgresQueue) else 3)
     row = snapshot(job)
     assert (row["status"], row["lease_expires_at"], row["last_error"]) == (DELIVERED, None, "")
 

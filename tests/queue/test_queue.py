@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db import IntegrityError, connection
+from django.db import IntegrityError
 from django.utils import timezone
 
 from broker.message_states import ACKNOWLEDGED, DISPATCHED, SCHEDULED
@@ -17,8 +17,6 @@ from consumers.models import Consumer
 from jobs import queue
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
-from jobs.queue.portable import PortableQueue
-from jobs.queue.postgres import PostgresQueue
 from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, lease_length
 from jobs.retry import Outcome, Verdict
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
@@ -26,16 +24,6 @@ from tests.helpers import make_consumer
 
 pytestmark = pytest.mark.django_db
 NOW = timezone.now().replace(microsecond=0)
-
-
-@pytest.fixture(params=["postgres", "portable"])
-def backend(request, monkeypatch):
-    """The facade's operations on one implementation."""
-    if request.param == "postgres" and connection.vendor != "postgresql":
-        pytest.skip("the PostgreSQL statements need PostgreSQL")
-    implementation = PostgresQueue() if request.param == "postgres" else PortableQueue()
-    monkeypatch.setattr(queue, "_backend", lambda: implementation)
-    return implementation
 
 
 def unsaved_message(message_id: str, **fields) -> Message:
