@@ -111,12 +111,12 @@ def backend(request, monkeypatch):
     statements (skipped on another database) or the portable ORM ones."""
     from django.db import connection
 
-    from jobs import queue
+    from jobs.queue import backend
     from jobs.queue.portable import PortableQueue
     from jobs.queue.postgres import PostgresQueue
 
     if request.param == "postgres" and connection.vendor != "postgresql":
         pytest.skip("the PostgreSQL statements need PostgreSQL")
     implementation = PostgresQueue() if request.param == "postgres" else PortableQueue()
-    monkeypatch.setattr(queue, "_backend", lambda: implementation)
+    monkeypatch.setattr(backend, "implementation", lambda: implementation)
     return implementation

@@ -22,20 +22,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from broker.models import Message
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import Job, named_by
+from jobs.queue import backend
 from jobs.queue.expiry import expire_old_jobs, restart_age
 from jobs.queue.fanout import add_jobs
-from jobs.queue.leases import claim_for_pull, sweep_expired_leases, take_for_pull
+from jobs.queue.leases import sweep_expired_leases, take_for_pull, with_readable_payloads
 from jobs.queue.outcomes import record_failures, release_unsent
-from jobs.queue.portable import PortableQueue
-from jobs.queue.postgres import PostgresQueue
 from jobs.queue.reports import PULL_FAILED, held_report, report_pull_outcomes
+from jobs.queue.rules import lease_expiry
 from jobs.queue.types import (
     ClaimedJob,
     Inserted,
@@ -76,12 +76,6 @@ __all__ = [
 
 RELEASE_BATCH = 500  # scheduled messages released per call (and per transaction) by default
 
-_POSTGRES, _PORTABLE = PostgresQueue(), PortableQueue()
-
-
-def _backend() -> PostgresQueue | PortableQueue:
-    return _POSTGRES if connection.vendor == "postgresql" else _PORTABLE
-
 
 def insert_message(message: Message) -> Inserted:
     """Insert an unsaved, unscheduled message and one QUEUED job per consumer its channel has,
@@ -89,7 +83,7 @@ def insert_message(message: Message) -> Inserted:
     or ACKNOWLEDGED when the channel has no consumer) and dispatch time. Inserts nothing when the
     channel or the producer does not exist (the result says which); IntegrityError when the
     channel has a message with that ID. Inside a caller's transaction it joins it (outbox)."""
-    return _backend().insert_message(message)
+    return backend.implementation().insert_message(message)
 
 
 def release_due_messages(now: datetime | None = None, limit: int = RELEASE_BATCH) -> int:
@@ -102,7 +96,7 @@ def release_due_messages(now: datetime | None = None, limit: int = RELEASE_BATCH
     and a caller never waits for another. A return value equal to `limit` means more may be
     due: call again at once.
     """
-    return _backend().release_due_messages(now or timezone.now(), limit)
+    return backend.implementation().release_due_messages(now or timezone.now(), limit)
 
 
 def replay_delivered(job_ids: list[int]) -> int:
@@ -117,8 +111,28 @@ def claim_for_push(limit: int, now: datetime | None = None) -> list[ClaimedJob]:
     Any number of dispatchers may claim at once: no job is taken twice.
     """
     check_transition(QUEUED, INFLIGHT)
-    claimed = _backend().claim_for_push(limit, now or timezone.now())
+    claimed = backend.implementation().claim_for_push(limit, now or timezone.now())
     return sorted(claimed, key=lambda job: (-job.priority, job.due_at))
+
+
+def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int | None = None) -> list[Job]:
+    """Atomically move up to `limit` of the consumer's due jobs QUEUED -> INFLIGHT, best priority
+    first, under a lease of `lease_seconds` (None: the delivery timeout and its grace, as for
+    push), one attempt more; each with its message as far as a worker is given it.
+
+    Competing workers take different jobs instead of waiting on each other (SKIP LOCKED), and no
+    job is handed out twice (the conditional transition, even without it: SQLite). An ordered
+    consumer gets only the head of each ordering key, as push consumers do. A job whose offloaded
+    payload is gone goes DEAD instead of to the worker.
+    """
+    check_transition(QUEUED, INFLIGHT)
+    now = timezone.now()
+    lease_until = (
+        lease_expiry(now) if lease_seconds is None else now + timedelta(seconds=lease_seconds)
+    )
+    claimed = backend.implementation().claim_for_pull(consumer, limit, lease_until, now)
+    claimed.sort(key=lambda job: (-job.priority, job.pk))
+    return with_readable_payloads(claimed)
 
 
 def record_outcomes(
@@ -137,7 +151,7 @@ def record_outcomes(
     with transaction.atomic():
         if delivered:
             check_transition(INFLIGHT, DELIVERED)
-            _backend().record_deliveries(delivered, dispatcher_id, now)
+            backend.implementation().record_deliveries(delivered, dispatcher_id, now)
         applied = record_failures(failed, outcomes, answered, dispatcher_id, now)
     return {r.job_id: outcomes[r.job_id] for r in delivered} | applied
 
@@ -155,7 +169,7 @@ def acknowledge_pull_job(
         return False
     key, created = named
     job = NamedJob(key, consumer.pk, created, created + timedelta(seconds=1))
-    held = _backend().acknowledge_pull_job(job, target, reason, timezone.now())
+    held = backend.implementation().acknowledge_pull_job(job, target, reason, timezone.now())
     if held is None:
         return False
     verdict = Verdict.DELIVERED if target == DELIVERED else Verdict.DEAD
@@ -166,15 +180,15 @@ def acknowledge_pull_job(
 def wake_dispatchers() -> None:
     """Wake idle dispatchers when the current transaction commits (PostgreSQL's NOTIFY; other
     databases are polled)."""
-    _backend().wake_dispatchers()
+    backend.implementation().wake_dispatchers()
 
 
 async def listen_for_jobs(wake: Callable[[], None]) -> None:
     """Call `wake` whenever jobs may have been queued, until cancelled (PostgreSQL's LISTEN; on
     other databases it never calls, and dispatchers poll)."""
-    await _backend().listen(wake)
+    await backend.implementation().listen(wake)
 
 
 def concurrent_writers() -> bool:
     """Whether outcomes may be recorded on a connection of their own while claims go on."""
-    return _backend().concurrent_writers
+    return backend.implementation().concurrent_writers

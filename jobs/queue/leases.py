@@ -1,4 +1,4 @@
-"""Leases of INFLIGHT jobs: handing jobs to pull consumers, and sweeping expired leases.
+"""Leases of INFLIGHT jobs: what pull consumers are handed, and sweeping expired leases.
 
 A lease that runs out means whoever held the job (a dispatcher that died, a pull worker that
 vanished) will not report back: the job returns to QUEUED, or goes DEAD when it has used all its
@@ -8,10 +8,11 @@ INFLIGHT.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
 
-from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -19,16 +20,23 @@ from broker.models import Message
 from broker.payloads import PayloadMissing
 from consumers.models import Consumer
 from jobs.models import Job
-from jobs.queue.rules import heads_of_their_keys, lease_expiry
+from jobs.queue.rules import lease_expiry
 from jobs.states import DEAD, INFLIGHT, QUEUED, JobStatus
 
 SWEEP_BATCH = 500
-# The message's fields a claim answers with (QueuedJobSerializer), in the model's order of fields,
-# as `Model.from_db` takes them.
+# What a claim gives a pull worker (jobs/api/serializers.py, QueuedJobSerializer), as Job and
+# Message field names in their models' order of fields, as `Model.from_db` takes them.
+CLAIMED_JOB_FIELDS = tuple(
+    field.attname
+    for field in Job._meta.concrete_fields
+    if field.attname
+    in {"id", "created_at", "consumer_id", "message_id", "status", "priority", "attempts",
+        "incremental_timeout"}
+)  # fmt: skip
 CLAIMED_MESSAGE_FIELDS = tuple(
     field.attname
     for field in Message._meta.concrete_fields
-    if field.attname in {"public_id", "payload", "payload_file", "content_type", "headers"}
+    if field.attname in {"id", "public_id", "payload", "payload_file", "content_type", "headers"}
 )
 LEASE_EXPIRED = "lease expired before the outcome was reported"
 
@@ -60,35 +68,6 @@ def sweep_expired_leases(now: datetime | None = None, batch: int = SWEEP_BATCH) 
     return moved
 
 
-def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int | None = None) -> list[Job]:
-    """Atomically move up to `limit` of the consumer's due jobs QUEUED -> INFLIGHT, under a lease
-    of `lease_seconds` (None: the delivery timeout and its grace, as for push).
-
-    SKIP LOCKED lets competing workers take different jobs instead of waiting on each other; the
-    conditional transition guarantees that no job is handed out twice even without it (SQLite).
-    An ordered consumer gets only the head of each ordering key, as push consumers do.
-    """
-    now = timezone.now()
-    due = Job.objects.filter(consumer=consumer, status=QUEUED, next_attempt_at__lte=now)
-    if consumer.ordering == Consumer.Ordering.ORDERED:
-        due = heads_of_their_keys(due)
-    with transaction.atomic():
-        candidates = (
-            due.select_for_update(skip_locked=True)
-            .order_by("-priority", "pk")
-            .values_list("pk", flat=True)[:limit]
-        )
-        ids = list(candidates)
-        Job.objects.filter(pk__in=ids).transition(
-            QUEUED,
-            INFLIGHT,
-            attempts=F("attempts") + 1,
-            lease_expires_at=_pull_lease(now, lease_seconds),
-            incremental_timeout=0,
-        )
-    return _with_payloads(_claimed(ids))
-
-
 def take_for_pull(job: Job, incremental_timeout: int = 0) -> None:
     """A pull consumer moves one job to INFLIGHT itself, QUEUED or DEAD (a retry of a dead job):
     one attempt more, under a lease longer by `incremental_timeout` seconds."""
@@ -101,32 +80,21 @@ def take_for_pull(job: Job, incremental_timeout: int = 0) -> None:
     )
 
 
-def _pull_lease(now: datetime, lease_seconds: int | None) -> datetime:
-    if lease_seconds is None:
-        return lease_expiry(now)
-    return now + timedelta(seconds=lease_seconds)
+def claimed_job(db: str, row: Sequence[Any]) -> Job:
+    """A claimed job as a model with its message, from a row of CLAIMED_JOB_FIELDS then
+    CLAIMED_MESSAGE_FIELDS. The other fields load if ever touched. Raw SQL gives a memoryview
+    payload and jsonb as text (Django reads it so and leaves parsing to JSONField)."""
+    split = len(CLAIMED_JOB_FIELDS)
+    job = Job.from_db(db, CLAIMED_JOB_FIELDS, row[:split])
+    message = dict(zip(CLAIMED_MESSAGE_FIELDS, row[split:], strict=True))
+    message["payload"] = bytes(message["payload"])
+    if isinstance(message["headers"], str):
+        message["headers"] = json.loads(message["headers"])
+    job.message = Message.from_db(db, CLAIMED_MESSAGE_FIELDS, list(message.values()))
+    return job
 
 
-def _claimed(ids: list[int]) -> list[Job]:
-    """The claimed jobs still INFLIGHT, best first, each with its message as far as a worker is
-    given it. Read as values and made into models here: through select_related, building them
-    cost more than the claim's statements. The message's other fields load if ever touched."""
-    job_fields = [field.attname for field in Job._meta.concrete_fields]
-    rows = (
-        Job.objects.filter(pk__in=ids, status=INFLIGHT)
-        .order_by("-priority", "pk")
-        .values_list(*job_fields, *(f"message__{name}" for name in CLAIMED_MESSAGE_FIELDS))
-    )
-    jobs = []
-    for row in rows:
-        job = Job.from_db(rows.db, job_fields, row[: len(job_fields)])
-        message = [job.message_id, *row[len(job_fields) :]]
-        job.message = Message.from_db(rows.db, ["id", *CLAIMED_MESSAGE_FIELDS], message)
-        jobs.append(job)
-    return jobs
-
-
-def _with_payloads(jobs: Iterable[Job]) -> list[Job]:
+def with_readable_payloads(jobs: Iterable[Job]) -> list[Job]:
     """The jobs whose payload can be read; those whose offloaded payload is gone go DEAD instead
     of to the worker, as a push delivery would (docs/delivery.md, "Large payloads").
 

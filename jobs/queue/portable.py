@@ -22,17 +22,18 @@ from jobs.models import DeliveryAttempt, Job
 from jobs.queue.circuit import close_circuits
 from jobs.queue.fanout import add_jobs
 from jobs.queue.outcomes import attempt_row, still_ours
+from jobs.queue.portable_pull import PortablePullOperations
 from jobs.queue.rules import (
     heads_of_their_keys,
     in_flight_cap,
     lease_expiry,
     receiving_push_consumers,
 )
-from jobs.queue.types import CLAIM_COLUMNS, HELD_COLUMNS, ClaimedJob, HeldRow, Inserted, NamedJob
-from jobs.states import DELIVERED, INFLIGHT, QUEUED, JobStatus
+from jobs.queue.types import CLAIM_COLUMNS, ClaimedJob, Inserted
+from jobs.states import DELIVERED, INFLIGHT, QUEUED
 
 
-class PortableQueue:
+class PortableQueue(PortablePullOperations):
     """jobs/queue's operations on any database Django supports."""
 
     concurrent_writers = False  # one writer at a time: outcomes are recorded between claims
@@ -96,27 +97,6 @@ class PortableQueue:
         for result in results:
             still_ours(result).transition(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
         close_circuits({r.consumer_id for r in results})
-
-    def acknowledge_pull_job(
-        self, job: NamedJob, target: str, reason: str, now: datetime
-    ) -> HeldRow | None:
-        named = Job.objects.filter(
-            pk=job.key,
-            consumer_id=job.consumer_id,
-            created_at__gte=job.created_from,
-            created_at__lt=job.created_until,
-        )
-        row = named.filter(status=INFLIGHT).values_list(*HELD_COLUMNS).first()
-        if row is None:
-            return None
-        moved = named.transition(
-            INFLIGHT,
-            JobStatus(target),
-            status_changed_at=now,
-            lease_expires_at=None,
-            last_error=reason,
-        )
-        return row if moved else None
 
     def wake_dispatchers(self) -> None:
         """Dispatchers poll the database: nothing to wake."""

@@ -1,10 +1,11 @@
 """The queue on PostgreSQL: each hot operation one statement and one round trip.
 
-Every statement of the queue that is written in SQL lives here (procrastinate keeps its queries
-in one file the same way); the rules they apply are those of jobs/queue/rules.py, and
-jobs/queue/portable.py does the same through the ORM. Table names come from model metadata and
-code constants are literals (so that PostgreSQL matches the partial indexes even with a generic
-plan); every value is a parameter. Why the statements are shaped as they are: docs/queue-design.md.
+Every statement of the queue that is written in SQL lives here, but for the pull consumers' own
+in jobs/queue/postgres_pull.py (procrastinate keeps its queries in one file the same way); the
+rules they apply are those of jobs/queue/rules.py, and jobs/queue/portable.py does the same
+through the ORM. Table names come from model metadata and code constants are literals (so that
+PostgreSQL matches the partial indexes even with a generic plan); every value is a parameter. Why
+the statements are shaped as they are: docs/queue-design.md.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
+from jobs.queue.postgres_pull import PostgresPullStatements
 from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, WAKEUP_CHANNEL, lease_expiry
-from jobs.queue.types import ClaimedJob, HeldRow, Inserted, NamedJob
+from jobs.queue.types import ClaimedJob, Inserted
 from jobs.queue.wakeup import listen_for_jobs
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 
@@ -243,28 +245,7 @@ WHERE job_id IN (SELECT id FROM present)
 """  # noqa: S608
 
 
-# A pull consumer's report on one job it holds (DELIVERED or DEAD): the move and what its log line
-# says of the job before it (`held`, read in the statement's snapshot) in one round trip; nothing
-# when the job is not the consumer's or not INFLIGHT (the caller then looks into why).
-ACKNOWLEDGE_PULL_JOB_SQL = f"""
-WITH held AS (
-    SELECT job.id, job.attempts, job.status_changed_at, message.public_id, message.channel_id,
-        message.traceparent, message.tracestate
-    FROM {_JOB} job JOIN {_MESSAGE} message ON message.id = job.message_id
-    WHERE job.id = %(job)s AND job.consumer_id = %(consumer)s
-        AND job.created_at >= %(created_from)s AND job.created_at < %(created_until)s
-)
-UPDATE {_JOB} job
-SET status = %(target)s, status_changed_at = %(now)s, lease_expires_at = NULL,
-    last_error = %(reason)s
-FROM held
-WHERE job.id = held.id AND job.status = '{INFLIGHT.value}'
-RETURNING held.attempts, held.status_changed_at, held.public_id, held.channel_id,
-    held.traceparent, held.tracestate
-"""  # noqa: S608
-
-
-class PostgresQueue:
+class PostgresQueue(PostgresPullStatements):
     """jobs/queue's operations that PostgreSQL does in one statement each."""
 
     # Recording outcomes may run on a connection of its own beside the claims.
@@ -320,25 +301,6 @@ class PostgresQueue:
                     "now": now,
                 },
             )
-
-    def acknowledge_pull_job(
-        self, job: NamedJob, target: str, reason: str, now: datetime
-    ) -> HeldRow | None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                ACKNOWLEDGE_PULL_JOB_SQL,
-                {
-                    "job": job.key,
-                    "consumer": job.consumer_id,
-                    "created_from": job.created_from,
-                    "created_until": job.created_until,
-                    "target": target,
-                    "reason": reason,
-                    "now": now,
-                },
-            )
-            row: HeldRow | None = cursor.fetchone()
-        return row
 
     def wake_dispatchers(self) -> None:
         with connection.cursor() as cursor:

@@ -3,11 +3,12 @@ DELIVERED, DEAD, or given back to the queue, due again after a delay, or DEAD on
 all its attempts, as when its lease runs out (jobs/queue/leases.py).
 
 One transaction whatever the batch's size: one read of the named jobs, locked, then one
-conditional UPDATE per target through the state machine (`JobQuerySet.transition`). The lock
-makes each UPDATE move exactly the jobs the read found INFLIGHT, so nothing is read back: a job
-the lease sweep took back first is read as QUEUED and refused, and one the sweep comes for
-meanwhile waits for the report, after which it is no longer INFLIGHT. Reports lock in key order,
-so two of them never deadlock. Each move is logged once, after the commit (jobs/outcome_log.py).
+conditional UPDATE for every move (on PostgreSQL: jobs/queue/postgres_pull.py; elsewhere one per
+target state). The lock makes the UPDATE move exactly the jobs the read found INFLIGHT, so
+nothing is read back: a job the lease sweep took back first is read as QUEUED and refused, and
+one the sweep comes for meanwhile waits for the report, after which it is no longer INFLIGHT.
+Reports lock in key order, so two of them never deadlock. Each move goes through the state
+machine's table of transitions and is logged once, after the commit (jobs/outcome_log.py).
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from django.db import models, transaction
-from django.db.models import Case, Value, When
+from django.db import transaction
 from django.utils import timezone
 
 from broker.xids import key_of_xid
 from consumers.models import Consumer
-from jobs.models import Job, job_public_id
+from jobs.models import job_public_id
 from jobs.outcome_log import PullReport
-from jobs.queue.types import HELD_COLUMNS, HeldRow, OutcomeReport, ReportResult
+from jobs.queue import backend
+from jobs.queue.types import HeldRow, OutcomeReport, PullMove, ReportResult
 from jobs.retry import Verdict
 from jobs.states import (
     DEAD,
@@ -39,8 +39,6 @@ from jobs.states import (
 
 PULL_FAILED = "reported failed by the pull consumer"
 PULL_GAVE_BACK = "given back by the pull consumer"
-# What a report's read needs of each job: its key, public ID, state, and its log line's fields.
-REPORT_COLUMNS = ("pk", "created_at", "status", *HELD_COLUMNS)
 VERDICTS = {DELIVERED: Verdict.DELIVERED, DEAD: Verdict.DEAD, QUEUED: Verdict.RETRY}
 
 
@@ -90,8 +88,7 @@ def report_pull_outcomes(
             job.status = move.target  # a later report on the job sees where this one left it
             moves.append(move)
             results.append(ReportResult(report.job_id, move.target))
-        for target in (DELIVERED, DEAD, QUEUED):
-            _apply([move for move in moves if move.target == target], target)
+        _apply(moves, now)
     for move in moves:
         move.job.report.log(VERDICTS[move.target], move.reason, move.due_at)
     return results
@@ -102,16 +99,10 @@ def _locked(consumer: Consumer, public_ids: list[str]) -> dict[str, _Held]:
     keys = [parts[1] for parts in map(key_of_xid, public_ids) if parts is not None]
     if not keys:
         return {}
-    rows = (
-        Job.objects.filter(consumer=consumer, pk__in=keys)
-        .select_for_update(of=("self",))
-        .order_by("pk")
-        .values_list(*REPORT_COLUMNS)
-    )
     jobs = {}
-    for pk, created, status, *held in rows:
+    for pk, created, status, *held in backend.implementation().lock_reported(consumer, keys):
         job_id = job_public_id(pk, created)  # an ID with another creation second names no job
-        jobs[job_id] = _Held(pk, status, held_report(job_id, consumer, held))
+        jobs[job_id] = _Held(pk, status, held_report(job_id, consumer, tuple(held)))
     return jobs
 
 
@@ -146,25 +137,11 @@ def _move(job: _Held, report: OutcomeReport, max_attempts: int, now: datetime) -
     return _Move(job, QUEUED, PULL_GAVE_BACK + said, now + timedelta(seconds=report.delay_seconds))
 
 
-def _apply(moves: list[_Move], target: JobStatus) -> None:
-    """One conditional UPDATE for all the moves to `target`; each job's own values by CASE."""
-    if not moves:
-        return
-    changes: dict[str, Any] = {"lease_expires_at": None}
-    changes["last_error"] = _per_job(moves, "reason", models.TextField())
-    if target == QUEUED:
-        changes["next_attempt_at"] = _per_job(moves, "due_at", models.DateTimeField())
-    moved = Job.objects.filter(pk__in=[move.job.pk for move in moves]).transition(
-        INFLIGHT, target, **changes
-    )
+def _apply(moves: list[_Move], now: datetime) -> None:
+    """Every move in one conditional UPDATE (one per target state, portably)."""
+    for target in {move.target for move in moves}:
+        check_transition(INFLIGHT, target)
+    pull_moves = [PullMove(m.job.pk, m.target, m.reason, m.due_at) for m in moves]
+    moved = backend.implementation().apply_pull_moves(pull_moves, now) if moves else 0
     if moved != len(moves):  # the lock rules it out; never log or answer a move not made
-        raise RuntimeError(f"{len(moves) - moved} locked INFLIGHT jobs did not move to {target}")
-
-
-def _per_job(moves: list[_Move], name: str, field: models.Field[Any, Any]) -> Any:
-    """The moves' value of `name`: the value itself when they share it, else a CASE by job."""
-    values = {move.job.pk: getattr(move, name) for move in moves}
-    if len(set(values.values())) == 1:
-        return next(iter(values.values()))
-    whens = [When(pk=pk, then=Value(value, output_field=field)) for pk, value in values.items()]
-    return Case(*whens, output_field=field)
+        raise RuntimeError(f"{len(moves) - moved} locked INFLIGHT jobs did not move")

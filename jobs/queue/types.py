@@ -133,3 +133,14 @@ HELD_COLUMNS = (
     "message__traceparent",
     "message__tracestate",
 )
+
+
+@dataclass(frozen=True)
+class PullMove:
+    """One job a pull consumer's report moves out of INFLIGHT: where to, with what last error,
+    due when (QUEUED only)."""
+
+    key: int
+    target: JobStatus
+    reason: str = ""
+    due_at: datetime | None = None

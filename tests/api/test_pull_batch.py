@@ -576,7 +576,7 @@ def queries_of(client, *items: dict[str, object]) -> int:
     return len(queries)
 
 
-def test_a_batch_takes_as_many_queries_whatever_its_size(client, worker):
+def test_a_batch_takes_as_many_queries_whatever_its_size(client, worker, backend):
     one = queries_of(client, item(job_for(worker)))
     fifty = queries_of(client, *(item(job_for(worker)) for _ in range(50)))
     mixed = [item(job_for(worker), state) for state in (DELIVERED, DEAD, QUEUED)]
@@ -584,7 +584,9 @@ def test_a_batch_takes_as_many_queries_whatever_its_size(client, worker):
     mixed = [item(job_for(worker), (DELIVERED, DEAD, QUEUED)[n % 3]) for n in range(50)]
 
     assert fifty == one
-    assert queries_of(client, *mixed) == three_targets == one + 2  # an UPDATE per target
+    # PostgreSQL moves them in one UPDATE whatever their targets; elsewhere an UPDATE per target.
+    more = 0 if isinstance(backend, PostgresQueue) else 2
+    assert queries_of(client, *mixed) == three_targets == one + more
 
 
 def acknowledge(client, job: Job | str, state: str = DELIVERED, **fields: object):
