@@ -516,8 +516,13 @@ def run(config: ServerConfig, args: argparse.Namespace) -> LoadResult:
             result.database_cpu = database_after - database_before
         messages, jobs = stored_counts(database_url)
     report(result)
-    per_message = 1000 / result.accepted if result.accepted else math.nan
-    print(f"CPU ms per message, PostgreSQL for {DATABASE} alone: {own_cpu * per_message:.2f}")
+    per_message = 1e6 / result.accepted if result.accepted else math.nan  # microseconds
+    print(
+        f"CPU us per message: gunicorn {result.server_cpu * per_message:.1f}"
+        f"  postgres {result.database_cpu * per_message:.1f}"
+        f" ({own_cpu * per_message:.1f} of it for {DATABASE}; the rest is other databases' work)"
+        f"  client {result.client_cpu * per_message:.1f}"
+    )
     if args.batch:
         verdict = "met" if result.rate >= BATCH_TARGET_RATE else "NOT met"
         print(f"batch target >= {BATCH_TARGET_RATE} messages/s: {verdict}")
