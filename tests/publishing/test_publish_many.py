@@ -60,6 +60,16 @@ def test_publish_many_stores_the_messages_and_their_jobs_in_order(backend, chann
         assert [job.message.public_id for job in jobs] == ["a", "b", "c"]
 
 
+def test_a_full_batch_of_the_default_limit(backend, channel, consumers):
+    ids = [f"m-{n}" for n in range(1000)]  # BROKER_MAX_BATCH_MESSAGES' default
+
+    published = publish_many(channel, batch(*ids), producer="shop")
+
+    assert [p.message_id for p in published] == ids
+    assert list(Message.objects.order_by("pk").values_list("public_id", flat=True)) == ids
+    assert Job.objects.count() == 2000
+
+
 def test_each_message_is_what_publish_would_store(backend, channel, consumers):
     fields: dict[str, Any] = {
         "priority": 3,
