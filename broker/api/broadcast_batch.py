@@ -143,8 +143,8 @@ class BroadcastBatchView(APIView):
                 "over BROKER_MAX_PAYLOAD_BYTES (listed in errors); nothing stored",
             ),
             429: _error(
-                "the batch's messages are over the producer's BROADCAST_RATE_LIMIT; Retry-After "
-                "gives the seconds to wait"
+                "the batch's messages are over the producer's BROKER_BROADCAST_RATE_LIMIT; "
+                "Retry-After gives the seconds to wait"
             ),
         },
     )
