@@ -34,8 +34,9 @@ def is_resource_id(value: str) -> bool:
 
 # Message IDs also allow '.' and ':' (UUIDs, "order:42", "v1.2") but must not start with a dot, so
 # they can never be the path segments "." or "..".
+MESSAGE_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,254}\Z"
 validate_message_id = RegexValidator(
-    r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,254}\Z",
+    MESSAGE_ID_PATTERN,
     "Use 1 to 255 letters, digits, '_', '-', '.' or ':' (not starting with '.', ':' or '-').",
 )
 

@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from django.core.exceptions import ValidationError
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
 from broker import payloads, tracing
 from broker.conf import broker_settings
-from broker.models import Channel, Message, Producer, validate_message_id
+from broker.models import MESSAGE_ID_PATTERN, Channel, Message, Producer
 from broker.xids import new_xid
 from jobs import queue
 
@@ -29,6 +28,10 @@ MAX_HEADERS = 50
 MAX_HEADER_VALUE_LENGTH = 8192
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,255}\Z")  # an RFC 9110 token
 _UNSAFE_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
+# The model's rule for message IDs, compiled here: Django's validator reaches its pattern through
+# a lazy proxy, a tenth of a batch broadcast's time in py-spy (docs/performance.md, "Batch ingest
+# (issue 18)").
+_MESSAGE_ID = re.compile(MESSAGE_ID_PATTERN)
 
 # Metadata headers that are never kept, so never stored, delivered or handed to pull consumers:
 # hop-by-hop and framing headers (the HTTP client makes its own, and a replayed one would corrupt
@@ -60,7 +63,12 @@ T = TypeVar("T", Channel, Producer)
 
 
 class PublishError(ValueError):
-    """The message was refused; nothing was stored."""
+    """The message was refused; nothing was stored. `field` names the argument at fault, when one
+    is (a batch's per-message errors name it: broker/publishing_batch.py)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class InvalidMessage(PublishError):
@@ -134,7 +142,7 @@ def publish(
             payload, message_id, priority, headers or {}, content_type, ordering_key
         )
         if scheduled_for is not None:
-            scheduled_for = _validate_schedule(scheduled_for)
+            scheduled_for = check_schedule(scheduled_for)
         message = Message(
             channel_id=channel_id,
             producer_id=producer_id,
@@ -202,15 +210,16 @@ def _insert_scheduled(message: Message) -> None:
         message.save(force_insert=True)
 
 
-def _validate_schedule(when: datetime) -> datetime:
+def check_schedule(when: datetime) -> datetime:
+    """scheduled_for as publish() takes it: an aware datetime, in UTC; InvalidMessage if not."""
     if not isinstance(when, datetime):
-        raise InvalidMessage("scheduled_for must be a datetime.")
+        raise InvalidMessage("scheduled_for must be a datetime.", "scheduled_for")
     if timezone.is_naive(when):
-        raise InvalidMessage("scheduled_for must be timezone-aware.")
+        raise InvalidMessage("scheduled_for must be timezone-aware.", "scheduled_for")
     try:
         return when.astimezone(UTC)
     except OverflowError:
-        raise InvalidMessage("scheduled_for is out of range.") from None
+        raise InvalidMessage("scheduled_for is out of range.", "scheduled_for") from None
 
 
 def check_message(
@@ -239,33 +248,39 @@ def _encode_payload(
     elif isinstance(payload, (dict, list)):
         body, default_type = json.dumps(payload).encode(), "application/json"
     else:
-        raise InvalidMessage(f"A payload must be bytes, str, dict or list, not {type(payload)}.")
+        raise InvalidMessage(
+            f"A payload must be bytes, str, dict or list, not {type(payload)}.", "payload"
+        )
     if not body:
-        raise InvalidMessage("The payload is empty.")
+        raise InvalidMessage("The payload is empty.", "payload")
     limit = broker_settings.BROKER_MAX_PAYLOAD_BYTES
     if len(body) > limit:
-        raise PayloadTooLarge(f"The payload has {len(body)} bytes; the limit is {limit}.")
+        raise PayloadTooLarge(
+            f"The payload has {len(body)} bytes; the limit is {limit}.", "payload"
+        )
     content_type = content_type or default_type
     if len(content_type) > 255 or _UNSAFE_HEADER_VALUE.search(content_type):
-        raise InvalidMessage("The content type is too long or contains control characters.")
+        raise InvalidMessage(
+            "The content type is too long or contains control characters.", "content_type"
+        )
     return body, content_type
 
 
 def _validate(message_id: str, priority: int, headers: dict[str, str]) -> None:
-    try:
-        validate_message_id(message_id)
-    except ValidationError:
-        raise InvalidMessage(f"Invalid message ID {message_id[:300]!r}.") from None
+    if not _MESSAGE_ID.search(str(message_id)):
+        raise InvalidMessage(f"Invalid message ID {message_id[:300]!r}.", "message_id")
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidMessage("The priority must be an integer.")
+        raise InvalidMessage("The priority must be an integer.", "priority")
     if not INT32_MIN <= priority <= INT32_MAX:
-        raise InvalidMessage("The priority must fit in a signed 32-bit integer.")
+        raise InvalidMessage("The priority must fit in a signed 32-bit integer.", "priority")
     _validate_headers(headers)
 
 
 def _validate_ordering_key(key: str) -> None:
     if not isinstance(key, str) or len(key) > 255 or _UNSAFE_HEADER_VALUE.search(key):
-        raise InvalidMessage("The ordering key must be text of at most 255 characters.")
+        raise InvalidMessage(
+            "The ordering key must be text of at most 255 characters.", "ordering_key"
+        )
 
 
 def is_refused_metadata_header(name: str) -> bool:
@@ -290,21 +305,26 @@ def check_keepable(name: str) -> None:
         raise InvalidMessage(
             f"Metadata header {name[:100]!r} is never kept: hop-by-hop and framing headers, "
             "credentials (Authorization, Cookie, Proxy-*), Forwarded, X-Forwarded-*, X-Real-IP "
-            "and X-Broker-* and webhook-* headers are refused."
+            "and X-Broker-* and webhook-* headers are refused.",
+            "headers",
         )
 
 
 def _validate_headers(headers: dict[str, str]) -> None:
     if len(headers) > MAX_HEADERS:
-        raise InvalidMessage(f"At most {MAX_HEADERS} metadata headers are kept.")
+        raise InvalidMessage(f"At most {MAX_HEADERS} metadata headers are kept.", "headers")
     for name, value in headers.items():
         if not isinstance(name, str) or not _HEADER_NAME.match(name):
-            raise InvalidMessage(f"Invalid metadata header name {str(name)[:100]!r}.")
+            raise InvalidMessage(f"Invalid metadata header name {str(name)[:100]!r}.", "headers")
         check_keepable(name)
         if not isinstance(value, str) or _UNSAFE_HEADER_VALUE.search(value):
-            raise InvalidMessage(f"Metadata header {name!r} must be text without line breaks.")
+            raise InvalidMessage(
+                f"Metadata header {name!r} must be text without line breaks.", "headers"
+            )
         if len(value) > MAX_HEADER_VALUE_LENGTH:
-            raise InvalidMessage(f"Metadata header {name!r} is over {MAX_HEADER_VALUE_LENGTH}.")
+            raise InvalidMessage(
+                f"Metadata header {name!r} is over {MAX_HEADER_VALUE_LENGTH}.", "headers"
+            )
 
 
 def _resolve(model: type[T], pk: str, error: type[PublishError]) -> T:

@@ -42,6 +42,16 @@ class Limit:
         return (self.burst - 1) * self.interval
 
 
+class OverBurst(Exception):
+    """A batch of more broadcasts than the producer's burst: no wait would let it through."""
+
+    def __init__(self, producer_id: str, count: int, burst: int) -> None:
+        super().__init__(
+            f"The batch has {count} messages; producer {producer_id!r} may send at most {burst}"
+            " at once (BROKER_BROADCAST_BURST)."
+        )
+
+
 class RateLimited(Exception):
     """The producer is over its broadcast rate; it may retry after `retry_after` seconds."""
 
@@ -69,21 +79,37 @@ def take_broadcast(producer_id: str, now: float | None = None) -> None:
         raise RateLimited(producer_id, _retry_after(producer_id, limit, now))
 
 
-def _take(producer_id: str, limit: Limit, now: float) -> bool:
-    """One atomic step of the bucket; whether the broadcast is allowed."""
+def take_broadcasts(producer_id: str, count: int, now: float | None = None) -> None:
+    """Count `count` broadcasts of `producer_id` at once (a batch: one per message), or raise
+    RateLimited and count none: allowed when the last of them would be. OverBurst when `count`
+    is more than the burst, which no wait would allow."""
+    limit = configured_limit()
+    if limit is None:
+        return
+    if count > limit.burst:
+        raise OverBurst(producer_id, count, limit.burst)
+    now = time.time() if now is None else now
+    if not _take(producer_id, limit, now, count):
+        raise RateLimited(producer_id, _retry_after(producer_id, limit, now, count))
+
+
+def _take(producer_id: str, limit: Limit, now: float, cells: int = 1) -> bool:
+    """One atomic step of the bucket for `cells` broadcasts; whether they are allowed."""
     # The later of the stored time and now, written as CASE: every database has that (the
     # function is GREATEST on PostgreSQL, MAX on SQLite).
     later = f"CASE WHEN {TABLE}.tat > %(now)s THEN {TABLE}.tat ELSE %(now)s END"
     sql = (
         f"INSERT INTO {TABLE} (producer_id, tat) VALUES (%(producer)s, %(first)s)"  # noqa: S608
         f" ON CONFLICT (producer_id) DO UPDATE"
-        f" SET tat = {later} + %(interval)s"
-        f" WHERE {TABLE}.tat - %(now)s <= %(tolerance)s"
+        f" SET tat = {later} + %(cells)s * %(interval)s"
+        f" WHERE {later} + %(extra)s - %(now)s <= %(tolerance)s"
         f" RETURNING tat"
     )
     parameters: dict[str, str | float] = {
         "producer": producer_id,
-        "first": now + limit.interval,
+        "first": now + cells * limit.interval,
+        "cells": cells,
+        "extra": (cells - 1) * limit.interval,  # the last cell's distance from the first
         "now": now,
         "interval": limit.interval,
         "tolerance": limit.tolerance,
@@ -93,10 +119,11 @@ def _take(producer_id: str, limit: Limit, now: float) -> bool:
         return cursor.fetchone() is not None
 
 
-def _retry_after(producer_id: str, limit: Limit, now: float) -> int:
-    """Whole seconds until the next broadcast would be allowed (at least 1)."""
+def _retry_after(producer_id: str, limit: Limit, now: float, cells: int = 1) -> int:
+    """Whole seconds until the next `cells` broadcasts would be allowed (at least 1)."""
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT tat FROM {TABLE} WHERE producer_id = %s", [producer_id])  # noqa: S608
         row = cursor.fetchone()
-    wait = (float(row[0]) - now - limit.tolerance) if row else limit.interval
+    extra = (cells - 1) * limit.interval
+    wait = (float(row[0]) + extra - now - limit.tolerance) if row else limit.interval
     return max(1, math.ceil(wait))

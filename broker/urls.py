@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from broker import views
 from broker.api import errors
 from broker.api.broadcast import BroadcastView
+from broker.api.broadcast_batch import BroadcastBatchView
 from broker.api.messages import (
     MessageDetailView,
     MessageListView,
@@ -63,6 +64,7 @@ urlpatterns = [
     path("channels", ChannelListView.as_view()),
     path("channel/<key:resource_id>", ChannelDetailView.as_view()),
     path("channel/<key:channel_id>/broadcast", BroadcastView.as_view()),
+    path("channel/<key:channel_id>/broadcast-batch", BroadcastBatchView.as_view()),
     path("channel/<key:channel_id>/messages", MessageListView.as_view()),
     path("channel/<key:channel_id>/messages-status", MessagesStatusView.as_view()),
     path("channel/<key:channel_id>/message/<key:message_id>", MessageDetailView.as_view()),

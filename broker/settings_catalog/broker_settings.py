@@ -100,6 +100,18 @@ class BrokerSettings(SettingGroup, section=BROKER):
     BROKER_MAX_PAYLOAD_BYTES = Setting(
         Integer(minimum=1), 5242880, "larger payloads are refused (413)"
     )
+    BROKER_MAX_BATCH_MESSAGES = Setting(
+        Integer(minimum=1),
+        1000,
+        "most messages one `POST /channel/{c}/broadcast-batch` or `publish_many()` takes (more:"
+        " `413`, nothing stored)",
+    )
+    BROKER_MAX_BATCH_BYTES = Setting(
+        Integer(minimum=1),
+        16777216,
+        "largest body of a `POST /channel/{c}/broadcast-batch` (16 MiB), judged by"
+        " `Content-Length` before the body is read (`413`)",
+    )
     BROKER_PAYLOAD_STORAGE = Setting(
         Text(),
         "broker_payloads",

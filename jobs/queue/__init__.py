@@ -2,6 +2,7 @@
 them, and of the rules those follow (jobs/queue/rules.py).
 
 - fan-out: `insert_message` (a published message with one job per consumer of its channel),
+  `insert_messages` (a batch of them),
   `release_due_messages` (scheduled messages), `add_jobs` and `replay_delivered` (replay);
 - claims: `claim_for_push` (dispatchers), `claim_for_pull` and `take_for_pull` (pull consumers);
 - outcomes: `record_outcomes` (push attempts), `release_unsent` (claimed, never sent),
@@ -39,7 +40,10 @@ from jobs.queue.rules import lease_expiry
 from jobs.queue.types import (
     ClaimedJob,
     Inserted,
+    InsertedBatch,
+    MessageBatch,
     NamedJob,
+    NewMessage,
     OutcomeReport,
     OutgoingMessage,
     ReportResult,
@@ -52,6 +56,9 @@ __all__ = [
     "RELEASE_BATCH",
     "ClaimedJob",
     "Inserted",
+    "InsertedBatch",
+    "MessageBatch",
+    "NewMessage",
     "OutcomeReport",
     "OutgoingMessage",
     "ReportResult",
@@ -62,6 +69,7 @@ __all__ = [
     "concurrent_writers",
     "expire_old_jobs",
     "insert_message",
+    "insert_messages",
     "listen_for_jobs",
     "record_outcomes",
     "release_due_messages",
@@ -84,6 +92,15 @@ def insert_message(message: Message) -> Inserted:
     channel or the producer does not exist (the result says which); IntegrityError when the
     channel has a message with that ID. Inside a caller's transaction it joins it (outbox)."""
     return backend.implementation().insert_message(message)
+
+
+def insert_messages(batch: MessageBatch) -> InsertedBatch:
+    """Insert a batch's messages and, for each unscheduled one, one QUEUED job per consumer its
+    channel has, atomically; wake the dispatchers once, at commit. The keys come back in the
+    batch's order, and job IDs follow it. Inserts nothing when the channel or the producer does
+    not exist (the result says which); IntegrityError, with nothing inserted, when an ID is
+    already the channel's. Inside a caller's transaction it joins it (outbox)."""
+    return backend.implementation().insert_messages(batch)
 
 
 def release_due_messages(now: datetime | None = None, limit: int = RELEASE_BATCH) -> int:

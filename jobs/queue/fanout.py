@@ -15,7 +15,12 @@ def add_jobs(message: Message, consumer_ids: list[int], now: datetime) -> None:
     Jobs are made in the order of `consumer_ids`; within a consumer, job IDs give the order in
     which an ordered consumer receives a key's messages.
     """
-    Job.objects.bulk_create(
+    Job.objects.bulk_create(new_jobs(message, consumer_ids, now))
+
+
+def new_jobs(message: Message, consumer_ids: list[int], now: datetime) -> list[Job]:
+    """The unsaved jobs `add_jobs` makes (a batch's are saved together)."""
+    return [
         Job(
             message_id=message.pk,
             consumer_id=consumer_id,
@@ -27,4 +32,4 @@ def add_jobs(message: Message, consumer_ids: list[int], now: datetime) -> None:
             enqueued_at=now,
         )
         for consumer_id in consumer_ids
-    )
+    ]

@@ -20,7 +20,7 @@ from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
 from jobs.queue.circuit import close_circuits
-from jobs.queue.fanout import add_jobs
+from jobs.queue.fanout import add_jobs, new_jobs
 from jobs.queue.outcomes import attempt_row, still_ours
 from jobs.queue.portable_pull import PortablePullOperations
 from jobs.queue.rules import (
@@ -29,7 +29,14 @@ from jobs.queue.rules import (
     lease_expiry,
     receiving_push_consumers,
 )
-from jobs.queue.types import CLAIM_COLUMNS, ClaimedJob, Inserted
+from jobs.queue.types import (
+    CLAIM_COLUMNS,
+    ClaimedJob,
+    Inserted,
+    InsertedBatch,
+    MessageBatch,
+    NewMessage,
+)
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 
 
@@ -58,6 +65,26 @@ class PortableQueue(PortablePullOperations):
             message.save(force_insert=True)
             add_jobs(message, consumer_ids, message.received_at)
         return Inserted(True, True)
+
+    def insert_messages(self, batch: MessageBatch) -> InsertedBatch:
+        channel_found = Channel.objects.filter(pk=batch.channel_id).exists()
+        producer_found = Producer.objects.filter(pk=batch.producer_id).exists()
+        if not (channel_found and producer_found):
+            return InsertedBatch(channel_found, producer_found, [])
+        consumer_ids = sorted(
+            Consumer.objects.filter(channel_id=batch.channel_id).values_list("pk", flat=True)
+        )
+        rows = [_message_row(batch, message, bool(consumer_ids)) for message in batch.messages]
+        # One block: a duplicate ID rolls back every message of the batch, and only them.
+        with transaction.atomic():
+            Message.objects.bulk_create(rows)  # in the batch's order, keys set (RETURNING)
+            Job.objects.bulk_create(
+                job
+                for row in rows
+                if row.scheduled_for is None
+                for job in new_jobs(row, consumer_ids, batch.received_at)
+            )
+        return InsertedBatch(True, True, [row.pk for row in rows])
 
     def release_due_messages(self, now: datetime, limit: int) -> int:
         with transaction.atomic():
@@ -100,6 +127,29 @@ class PortableQueue(PortablePullOperations):
 
     def wake_dispatchers(self) -> None:
         """Dispatchers poll the database: nothing to wake."""
+
+
+def _message_row(batch: MessageBatch, message: NewMessage, has_consumers: bool) -> Message:
+    """A batch's message as an unsaved row: SCHEDULED, or what its fan-out makes it."""
+    scheduled = message.scheduled_for is not None
+    return Message(
+        channel_id=batch.channel_id,
+        producer_id=batch.producer_id,
+        public_id=message.public_id,
+        payload=message.payload,
+        payload_file=message.payload_file,
+        payload_size=message.payload_size,
+        content_type=message.content_type,
+        priority=message.priority,
+        headers=message.headers,
+        ordering_key=message.ordering_key,
+        status=SCHEDULED if scheduled else status_after_fanout(has_consumers),
+        received_at=batch.received_at,
+        dispatched_at=batch.received_at if has_consumers and not scheduled else None,
+        scheduled_for=message.scheduled_for,
+        traceparent=message.traceparent,
+        tracestate=message.tracestate,
+    )
 
 
 def _release_one(message: Message, consumer_ids: list[int], now: datetime) -> int:

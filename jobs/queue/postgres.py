@@ -22,9 +22,10 @@ from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
+from jobs.queue.postgres_batch import batch_parameters, insert_batch_sql, inserted_batch
 from jobs.queue.postgres_pull import PostgresPullStatements
 from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, WAKEUP_CHANNEL, lease_expiry
-from jobs.queue.types import ClaimedJob, Inserted
+from jobs.queue.types import ClaimedJob, Inserted, InsertedBatch, MessageBatch
 from jobs.queue.wakeup import listen_for_jobs
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 
@@ -73,6 +74,9 @@ SELECT message.id, message.status, message.dispatched_at,
     (SELECT {_NOTIFY} FROM message WHERE EXISTS (SELECT FROM consumers))
 FROM (SELECT) AS one_row LEFT JOIN message ON true
 """  # noqa: S608
+
+# Publish many at once: jobs/queue/postgres_batch.py (the batch broadcast, `publish_many`).
+INSERT_BATCH_SQL = insert_batch_sql(_JOB_COLUMNS, _NOTIFY)
 
 # Release of due scheduled messages: locks them (skipping those another caller holds; the status
 # test is re-checked on the locked row version, so a message released meanwhile is not taken
@@ -264,6 +268,13 @@ class PostgresQueue(PostgresPullStatements):
         message.pk, message.status, message.dispatched_at = pk, status, dispatched_at
         message._state.adding = pk is None
         return Inserted(channel_found, producer_found)
+
+    def insert_messages(self, batch: MessageBatch) -> InsertedBatch:
+        # As insert_message: a savepoint only inside a caller's transaction.
+        savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+        with savepoint, connection.cursor() as cursor:
+            cursor.execute(INSERT_BATCH_SQL, batch_parameters(batch))
+            return inserted_batch(batch, cursor.fetchone())
 
     def release_due_messages(self, now: datetime, limit: int) -> int:
         with transaction.atomic(), connection.cursor() as cursor:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs.states import JobStatus
 
@@ -144,3 +144,42 @@ class PullMove:
     target: JobStatus
     reason: str = ""
     due_at: datetime | None = None
+
+
+class NewMessage(NamedTuple):
+    """One message of a batch to insert (`insert_messages`), checked already: its payload as
+    bytes, or "" and the name of its offloaded file; SCHEDULED (no jobs yet) when
+    `scheduled_for` is set. A tuple: a batch makes a thousand at once, and a frozen dataclass
+    costs several times more to build."""
+
+    public_id: str
+    payload: bytes
+    payload_file: str
+    payload_size: int
+    content_type: str
+    priority: int
+    headers: dict[str, str]
+    ordering_key: str
+    scheduled_for: datetime | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+@dataclass(frozen=True)
+class MessageBatch:
+    """Messages one producer publishes to one channel at once, received at one time."""
+
+    channel_id: str
+    producer_id: str
+    received_at: datetime
+    messages: list[NewMessage]
+
+
+@dataclass(frozen=True)
+class InsertedBatch:
+    """What inserting a batch did: nothing when the channel or the producer does not exist; else
+    the messages' keys (primary keys), in the batch's order."""
+
+    channel_found: bool
+    producer_found: bool
+    keys: list[int]

@@ -53,6 +53,8 @@ EXPECTED_KINDS = {
     "BROKER_MIN_SCHEDULE_DELAY_SECONDS": Integer(minimum=0),
     "BROKER_PAYLOAD_OFFLOAD_BYTES": Integer(minimum=1),
     "BROKER_MAX_PAYLOAD_BYTES": Integer(minimum=1),
+    "BROKER_MAX_BATCH_MESSAGES": Integer(minimum=1),
+    "BROKER_MAX_BATCH_BYTES": Integer(minimum=1),
     "BROKER_PAYLOAD_STORAGE": Text(),
     "BROKER_ENCRYPTION_KEYS": Items(),
     "BROKER_RETENTION_DAYS": Integer(minimum=0),
