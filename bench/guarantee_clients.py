@@ -149,7 +149,7 @@ class Pycurl(Adapter):
 
     def __init__(self) -> None:
         super().__init__()
-        from curl_multi import CurlMulti
+        from jobs.curl_multi import CurlMulti
 
         self.refused: set[str] = set()
         self.multi = CurlMulti(8, 30, allow_address=lambda address: address not in self.refused)

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from dispatch_harness import ROOT
 
+sys.path.insert(0, str(ROOT))  # the broker's modules: jobs/delivery.py, jobs/curl_multi.py
+
 # About 300 bytes, like the bench payloads of bench/dispatch.py.
 BODY = json.dumps({"order": 12345, "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 200}).encode()
 
@@ -74,7 +76,6 @@ class AiohttpDeliver(_Base):
 
     def __init__(self, workload: Workload, width: int) -> None:
         super().__init__(workload)
-        sys.path.insert(0, str(ROOT))
         import django
 
         django.setup()
@@ -120,12 +121,36 @@ class AiohttpPost(AiohttpDeliver):
             return self.failed(exc)
 
 
+class PycurlDeliver(AiohttpDeliver):
+    """The prototype sender on libcurl: jobs/curl_delivery.py's `deliver()`, the same requests
+    in and results out as jobs/delivery.py's, with the address guard on every connection."""
+
+    def __init__(self, workload: Workload, width: int) -> None:
+        super().__init__(workload, width)
+        from jobs import curl_delivery
+
+        self.curl_delivery = curl_delivery
+        self.multi = curl_delivery.curl_session(width, workload.timeout)
+
+    async def send(self, index: int) -> bool:
+        request = self.requests[index]
+        result = await self.curl_delivery.deliver(
+            self.multi, request, self.workload.timeout, on_sent=lambda: self.sent.add(index)
+        )
+        self.sent.discard(index)
+        return result.succeeded or self.failed(result.error)
+
+    async def close(self) -> None:
+        await super().close()
+        self.multi.close()
+
+
 class Pycurl(_Base):
-    """libcurl's multi interface on the loop (bench/curl_multi.py)."""
+    """libcurl's multi interface on the loop (jobs/curl_multi.py), without `deliver()`."""
 
     def __init__(self, workload: Workload, width: int) -> None:
         super().__init__(workload)
-        from curl_multi import CurlMulti
+        from jobs.curl_multi import CurlMulti
 
         self.multi = CurlMulti(width, workload.timeout)
         self.sent: set[int] = set()
@@ -262,6 +287,7 @@ def _factory(kind: Callable[[Workload, int], Candidate]) -> Callable[..., Awaita
 CANDIDATES: dict[str, Callable[[Workload, int], Awaitable[Candidate]]] = {
     "aiohttp-deliver": _factory(AiohttpDeliver),
     "aiohttp": _factory(AiohttpPost),
+    "pycurl-deliver": _factory(PycurlDeliver),
     "pycurl": _factory(Pycurl),
     "curl-cffi": _factory(CurlCffi),
     "pyreqwest": _factory(Pyreqwest),
@@ -271,6 +297,7 @@ CANDIDATES: dict[str, Callable[[Workload, int], Awaitable[Candidate]]] = {
 MODULES = {
     "aiohttp-deliver": "aiohttp",
     "aiohttp": "aiohttp",
+    "pycurl-deliver": "pycurl",
     "pycurl": "pycurl",
     "curl-cffi": "curl_cffi",
     "pyreqwest": "pyreqwest",

@@ -12,7 +12,9 @@ failed, and checks with the receiver's count that every measured request arrived
     aiohttp-deliver  jobs/delivery.py's own `deliver()` through its `delivery_session()`: what the
                      dispatcher runs (address guard, no redirects, timeout, excerpt, sent signal)
     aiohttp          the same session, `session.post` alone, without `deliver()` around it
-    pycurl           libcurl's multi interface on the asyncio loop (bench/curl_multi.py)
+    pycurl-deliver   the prototype sender on libcurl, jobs/curl_delivery.py's `deliver()`: the
+                     same requests in and results out as jobs/delivery.py's, same guarantees
+    pycurl           libcurl's multi interface on the asyncio loop (jobs/curl_multi.py) alone
     curl-cffi        curl_cffi's AsyncSession (libcurl, its own asyncio driver)
     pyreqwest        pyreqwest's async Client (Rust reqwest/hyper on a Tokio thread)
     httpr            httpr's AsyncClient (Rust reqwest, one blocking call per executor thread)
