@@ -20,6 +20,7 @@ set the handle's options and read its status, plus a few callbacks:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -86,7 +87,8 @@ class _Upload:
             self.done = True
         finally:
             self.fetching = None
-        self.handle.pause(pycurl.PAUSE_CONT)
+        with contextlib.suppress(pycurl.error):  # the transfer may have ended meanwhile
+            self.handle.pause(pycurl.PAUSE_CONT)
 
     def cancel(self) -> None:
         if self.fetching is not None:
@@ -99,6 +101,7 @@ class _Pending:
     answer: Answer
     excerpt: _Excerpt
     on_sent: Callable[[], None] | None
+    streamed: bool  # its handle is not reused
 
 
 class CurlMulti:
@@ -143,7 +146,10 @@ class CurlMulti:
         cancelled. With `stream` (or a blocking `read`), the body is `size` bytes from it
         instead. `resolve` pins names to addresses for this request ("host:port:address");
         `timeout` replaces the multi handle's for this request."""
-        handle = self._idle.pop() if self._idle else self._new_handle()
+        streamed = stream is not None or read is not None
+        # A streamed body gets a handle of its own, closed after it: libcurl cannot be told to
+        # forget a handle's POSTFIELDS, which would win over the read callback.
+        handle = self._idle.pop() if self._idle and not streamed else self._new_handle()
         answer, excerpt = Answer(), _Excerpt()
         upload = _Upload(handle, stream) if stream is not None else None
         handle.setopt(pycurl.URL, url)
@@ -155,7 +161,7 @@ class CurlMulti:
         handle.setopt(pycurl.HEADERFUNCTION, answer.header_lines.append)
         handle.setopt(pycurl.TIMEOUT_MS, int(timeout * 1000) if timeout else self.timeout_ms)
         future: asyncio.Future[Answer] = self.loop.create_future()
-        self._pending[handle] = _Pending(future, answer, excerpt, on_sent)
+        self._pending[handle] = _Pending(future, answer, excerpt, on_sent, streamed)
         self.multi.add_handle(handle)
         try:
             return await future
@@ -198,7 +204,6 @@ class CurlMulti:
         if read is None:
             handle.setopt(pycurl.POSTFIELDS, body)
             return
-        handle.unsetopt(pycurl.POSTFIELDS)
         handle.setopt(pycurl.POST, 1)
         handle.setopt(pycurl.READFUNCTION, read)
         handle.setopt(pycurl.POSTFIELDSIZE_LARGE, size)
@@ -265,6 +270,9 @@ class CurlMulti:
         answer.excerpt = b"".join(pending.excerpt.chunks)[:EXCERPT_BYTES]
         if code and not (code == pycurl.E_WRITE_ERROR and answer.status):
             answer.error_code, answer.error = code, message
-        self._idle.append(handle)
+        if pending.streamed:
+            handle.close()
+        else:
+            self._idle.append(handle)
         if not future.done():
             future.set_result(answer)
