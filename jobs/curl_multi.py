@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,9 @@ import pycurl  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
 EXCERPT_BYTES = 4096
 PREREQ_OK = 0  # CURL_PREREQFUNC_OK
+# The certificate authorities Python's ssl module (and so aiohttp) trusts, rather than whatever
+# path the libcurl inside pycurl's wheel was built with. HTTPS is not exercised by the tests yet.
+TRUSTED = ssl.get_default_verify_paths()
 
 
 @dataclass
@@ -191,6 +195,10 @@ class CurlMulti:
         handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)  # as aiohttp speaks
         handle.setopt(pycurl.TIMEOUT_MS, self.timeout_ms)
         handle.setopt(pycurl.CONNECTTIMEOUT_MS, self.connect_timeout_ms)
+        if TRUSTED.cafile:
+            handle.setopt(pycurl.CAINFO, TRUSTED.cafile)
+        if TRUSTED.capath:
+            handle.setopt(pycurl.CAPATH, TRUSTED.capath)
         # Set once per handle: they find the request they serve in `_pending`.
         handle.setopt(pycurl.PREREQFUNCTION, lambda *_: self._sending(handle))
         if self.allow_address is not None:
