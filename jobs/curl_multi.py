@@ -1,6 +1,6 @@
-"""libcurl's multi interface (pycurl) driven by the running asyncio loop: a prototype transport for
-jobs/curl_delivery.py and bench/http_clients.py (issue 18; docs/performance.md, "Delivery: HTTP
-clients compared").
+"""libcurl's multi interface (pycurl) driven by the running asyncio loop: the prototype transport
+of jobs/curl_delivery.py and bench/http_clients.py, for issue 18 (measured in
+docs/performance.md, "Delivery: HTTP clients compared (issue 18)").
 
 libcurl does the HTTP work (connections, keep-alive, writing requests, parsing answers) in C; the
 loop only watches the sockets libcurl asks it to (CURLMOPT_SOCKETFUNCTION) and its one timer
