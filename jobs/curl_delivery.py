@@ -1,6 +1,6 @@
 """A prototype of jobs/delivery.py's `deliver` on libcurl (pycurl's multi interface on the loop,
 jobs/curl_multi.py), for issue 18: same requests in, same `AttemptResult` out, same guarantees,
-about half the CPU per delivery in bench/http_clients.py. The dispatcher does not use it; see
+1.6-1.9 times less CPU per delivery in bench/http_clients.py. The dispatcher does not use it; see
 docs/performance.md, "Delivery: HTTP clients compared (issue 18)", for what switching would take.
 
 What it keeps, and how:
