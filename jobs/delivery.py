@@ -237,7 +237,7 @@ async def _deliver_stored(
     consumer (jobs/retry.py).
     """
     try:
-        file, file_headers = await asyncio.to_thread(_open_and_sign, stored)
+        file, file_headers = await asyncio.to_thread(open_and_sign, stored)
     except PayloadMissing as exc:
         return unanswered(request, PAYLOAD_MISSING, str(exc))
     except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
@@ -245,12 +245,12 @@ async def _deliver_stored(
         return unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
     headers = {**request.headers, **file_headers}
     try:
-        return await _post(session, request, _chunks_of(file, on_sent), headers, timeout)
+        return await _post(session, request, chunks_of(file, on_sent), headers, timeout)
     finally:
         await asyncio.to_thread(file.close)
 
 
-def _open_and_sign(stored: StoredBody) -> tuple[File[bytes], dict[str, str]]:
+def open_and_sign(stored: StoredBody) -> tuple[File[bytes], dict[str, str]]:
     """The stored payload, opened and rewound after a signing pass, and its signature and length
     headers (in a worker thread)."""
     file = payloads.open_payload(stored.name)
@@ -265,7 +265,7 @@ def _open_and_sign(stored: StoredBody) -> tuple[File[bytes], dict[str, str]]:
         raise
 
 
-async def _chunks_of(file: File[bytes], on_sent: Callable[[], None] | None) -> AsyncIterator[bytes]:
+async def chunks_of(file: File[bytes], on_sent: Callable[[], None] | None) -> AsyncIterator[bytes]:
     """The file's content for aiohttp to stream, each chunk read in a worker thread."""
     # aiohttp asks for the first chunk as the headers go out: from here the consumer may have
     # the request, as with `ReportingBody`.
