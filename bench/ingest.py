@@ -69,7 +69,7 @@ CANDIDATES = [
     f"gthread:{2 * CORES}x4",
     "gthread:1x16",
 ]
-TARGET_RATE, TARGET_P99_MS = 1500, 50  # the issue's targets for this 2-core machine
+TARGET_RATE, TARGET_P99_MS = 2000, 50  # issue 18's targets for this 2-core machine
 
 
 @dataclass(frozen=True)
@@ -297,18 +297,23 @@ class BroadcastClient:
         self.writer: asyncio.StreamWriter | None = None
 
     async def broadcast(self, channel: str, message_id: str) -> int:
+        body = PAYLOAD.encode()
+        return await self.post(f"/channel/{channel}/broadcast", body, message_id)
+
+    async def post(self, path: str, body: bytes, message_id: str = "") -> int:
+        """POST `body` with the producer's tokens (and a message ID when given); the status."""
         if self.reader is None or self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
-        body = PAYLOAD.encode()
+        named = f"X-Broker-Message-ID: {message_id}\r\n" if message_id else ""
         self.writer.write(
-            f"POST /channel/{channel}/broadcast HTTP/1.1\r\n"
+            f"POST {path} HTTP/1.1\r\n"
             f"Host: {HOST}:{self.port}\r\n"
             "Content-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n"
             f"X-Broker-Channel-Token: {CHANNEL_TOKEN}\r\n"
             f"X-Broker-Producer-ID: {PRODUCER_ID}\r\n"
             f"X-Broker-Producer-Token: {PRODUCER_TOKEN}\r\n"
-            f"X-Broker-Message-ID: {message_id}\r\n"
+            f"{named}"
             "\r\n".encode()
             + body
         )
@@ -409,23 +414,7 @@ def batch_body(prefix: str, count: int) -> bytes:
 
 async def post_batch(client: BroadcastClient, channel: str, body: bytes) -> int:
     """One batch on the client's keep-alive connection; the answer's status."""
-    if client.reader is None or client.writer is None:
-        client.reader, client.writer = await asyncio.open_connection(HOST, client.port)
-    client.writer.write(
-        f"POST /channel/{channel}/broadcast-batch HTTP/1.1\r\n"
-        f"Host: {HOST}:{client.port}\r\n"
-        "Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        f"X-Broker-Channel-Token: {CHANNEL_TOKEN}\r\n"
-        f"X-Broker-Producer-ID: {PRODUCER_ID}\r\n"
-        f"X-Broker-Producer-Token: {PRODUCER_TOKEN}\r\n"
-        "\r\n".encode()
-        + body
-    )
-    status, close = await read_response(client.reader)
-    if close:
-        await client.close()
-    return status
+    return await client.post(f"/channel/{channel}/broadcast-batch", body)
 
 
 async def drive_batches(

@@ -29,7 +29,6 @@ from ipaddress import ip_address
 
 import pycurl  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-from broker import tracing
 from broker.conf import broker_settings
 from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 from consumers.safety import UnsafeCallback, check_delivery_url, is_public_address
@@ -38,9 +37,9 @@ from jobs.delivery import (
     REQUEST_ERROR,
     STORAGE_ERROR,
     AttemptResult,
-    DeliveryNames,
     DeliveryRequest,
     StoredBody,
+    attempt_span,
     chunks_of,
     describe_error,
     open_and_sign,
@@ -79,16 +78,7 @@ async def deliver(
 ) -> AttemptResult:
     """Send one webhook and describe what happened; never raises (but when cancelled). As
     jobs/delivery.py's `deliver`, with its span when tracing is on."""
-    names = request.names or DeliveryNames("", "", "", "")
-    with tracing.attempt_span(
-        request.trace,
-        channel_id=names.channel,
-        message_id=names.message,
-        consumer_id=names.consumer,
-        job_id=names.job,
-        attempt=request.attempt,
-        url=request.url,
-    ) as span:
+    with attempt_span(request) as span:
         if span.headers:
             request = replace(request, headers={**request.headers, **span.headers})
         result = await _deliver(session, request, timeout, on_sent)

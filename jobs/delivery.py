@@ -106,7 +106,7 @@ async def deliver(
     With tracing on, the attempt has a span, whose trace context the request sends
     (broker/tracing.py).
     """
-    with _attempt_span(request) as span:
+    with attempt_span(request) as span:
         if span.headers:
             request = replace(request, headers={**request.headers, **span.headers})
         result = await _deliver(session, request, timeout, on_sent)
@@ -114,7 +114,8 @@ async def deliver(
         return result
 
 
-def _attempt_span(request: DeliveryRequest) -> AbstractContextManager[AttemptSpan]:
+def attempt_span(request: DeliveryRequest) -> AbstractContextManager[AttemptSpan]:
+    """The attempt's span, named by its channel, message, consumer and job (tracing off: none)."""
     names = request.names or DeliveryNames("", "", "", "")
     return tracing.attempt_span(
         request.trace,
