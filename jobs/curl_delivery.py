@@ -39,9 +39,11 @@ from jobs.delivery import (
     AttemptResult,
     DeliveryRequest,
     StoredBody,
+    answered,
     attempt_span,
     chunks_of,
     describe_error,
+    ended,
     open_and_sign,
     retry_after_seconds,
     storable_text,
@@ -116,7 +118,7 @@ async def _post(
     try:
         check_delivery_url(request.url)  # local names, before libcurl resolves anything
     except UnsafeCallback as exc:
-        return _failed(request, started_at, started, "unsafe-callback", str(exc))
+        return ended(request, started_at, started, "unsafe-callback", str(exc))
     chunks, size = stream or (None, 0)
     answer = await session.post(
         request.url,
@@ -129,21 +131,15 @@ async def _post(
     )
     if answer.error_code:
         error_class, error = _error_of(answer, request.url, timeout)
-        return _failed(request, started_at, started, error_class, error)
+        return ended(request, started_at, started, error_class, error)
     status = answer.status
-    ok = 200 <= status < 300
-    return AttemptResult(
-        request.job_id,
-        request.attempt,
-        request.consumer_id,
+    return answered(
+        request,
         started_at,
-        (time.perf_counter() - started) * 1000,
-        status_code=status,
-        error_class="" if ok else "http-status",
-        error="" if ok else f"HTTP {status}",
-        response_excerpt=storable_text(answer.excerpt.decode("utf-8", errors="replace")),
-        retry_after=_retry_after(answer) if status in (429, 503) else None,
-        names=request.names,
+        started,
+        status,
+        storable_text(answer.excerpt.decode("utf-8", errors="replace")),
+        _retry_after(answer) if status in (429, 503) else None,
     )
 
 
@@ -171,21 +167,6 @@ def _retry_after(answer: Answer) -> float | None:
         if name.strip().lower() == b"retry-after":
             return retry_after_seconds(value.decode("latin-1"), time.time())
     return None
-
-
-def _failed(
-    request: DeliveryRequest, started_at: datetime, started: float, error_class: str, error: str
-) -> AttemptResult:
-    return AttemptResult(
-        request.job_id,
-        request.attempt,
-        request.consumer_id,
-        started_at,
-        (time.perf_counter() - started) * 1000,
-        error_class=error_class,
-        error=error,
-        names=request.names,
-    )
 
 
 async def _deliver_stored(

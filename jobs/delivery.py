@@ -195,28 +195,45 @@ async def _post(
         error_class = "unsafe-callback" if is_refusal(exc) else "connection"
         error = describe_error(exc)
     else:
-        ok = 200 <= status < 300
-        error_class, error = ("", "") if ok else ("http-status", f"HTTP {status}")
-        return AttemptResult(
-            request.job_id,
-            request.attempt,
-            request.consumer_id,
-            started_at,
-            (time.perf_counter() - started) * 1000,
-            status_code=status,
-            error_class=error_class,
-            error=error,
-            response_excerpt=excerpt,
-            retry_after=retry_after,
-            names=request.names,
-        )
-    duration_ms = (time.perf_counter() - started) * 1000
+        return answered(request, started_at, started, status, excerpt, retry_after)
+    return ended(request, started_at, started, error_class, error)
+
+
+def answered(
+    request: DeliveryRequest,
+    started_at: datetime,
+    started: float,
+    status: int,
+    excerpt: str,
+    retry_after: float | None,
+) -> AttemptResult:
+    """An attempt the consumer answered, timed from `started` (perf_counter): 2xx or not."""
+    ok = 200 <= status < 300
     return AttemptResult(
         request.job_id,
         request.attempt,
         request.consumer_id,
         started_at,
-        duration_ms,
+        (time.perf_counter() - started) * 1000,
+        status_code=status,
+        error_class="" if ok else "http-status",
+        error="" if ok else f"HTTP {status}",
+        response_excerpt=excerpt,
+        retry_after=retry_after,
+        names=request.names,
+    )
+
+
+def ended(
+    request: DeliveryRequest, started_at: datetime, started: float, error_class: str, error: str
+) -> AttemptResult:
+    """An attempt that ended without an answer after it was started (perf_counter)."""
+    return AttemptResult(
+        request.job_id,
+        request.attempt,
+        request.consumer_id,
+        started_at,
+        (time.perf_counter() - started) * 1000,
         error_class=error_class,
         error=error,
         names=request.names,
