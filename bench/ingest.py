@@ -360,26 +360,36 @@ async def drive(
     duration: float,
     prefix: str,
     keep_alive: bool = True,
+    batch: int = 0,
 ) -> LoadResult:
-    """`clients` concurrent producers, `limit` requests or `duration` seconds in all.
+    """`clients` concurrent producers, `limit` messages or `duration` seconds in all: single
+    broadcasts, or with `batch` POST …/broadcast-batch of that many messages (`sent` and
+    `accepted` count messages, `latencies` requests).
 
     Without `keep_alive` each request has a TCP connection of its own, as a producer that sends
     with curl or an HTTP client without a session does.
     """
     result = LoadResult()
     deadline = time.monotonic() + duration
+    per_request = batch or 1
 
     async def producer(number: int) -> None:
         client = BroadcastClient(port)
         try:
             while result.sent < limit and time.monotonic() < deadline:
                 index = result.sent
-                result.sent += 1
+                result.sent += per_request
+                channel, name = (
+                    f"bench-{index // per_request % channels}",
+                    f"{prefix}-{number}-{index}",
+                )
+                body = batch_body(name, batch) if batch else b""
                 started = time.perf_counter()
                 try:
-                    status = await client.broadcast(
-                        f"bench-{index % channels}", f"{prefix}-{number}-{index}"
-                    )
+                    if batch:
+                        status = await client.post(f"/channel/{channel}/broadcast-batch", body)
+                    else:
+                        status = await client.broadcast(channel, name)
                 except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
                     result.errors[type(exc).__name__] += 1
                     await client.close()
@@ -388,7 +398,7 @@ async def drive(
                 if not keep_alive:
                     await client.close()
                 if status == 201:
-                    result.accepted += 1
+                    result.accepted += per_request
                 else:
                     result.errors[f"HTTP {status}"] += 1
         finally:
@@ -410,47 +420,6 @@ def batch_body(prefix: str, count: int) -> bytes:
     payload = json.dumps(PAYLOAD)  # the payload as a JSON string, escaped once
     items = ",".join(f'{{"id":"{prefix}-{n}","payload":{payload}}}' for n in range(count))
     return f'{{"messages":[{items}]}}'.encode()
-
-
-async def post_batch(client: BroadcastClient, channel: str, body: bytes) -> int:
-    """One batch on the client's keep-alive connection; the answer's status."""
-    return await client.post(f"/channel/{channel}/broadcast-batch", body)
-
-
-async def drive_batches(
-    port: int, clients: int, channels: int, limit: int, duration: float, prefix: str, size: int
-) -> LoadResult:
-    """`clients` concurrent producers posting batches of `size`, `limit` messages or `duration`
-    seconds in all; `sent` and `accepted` count messages, `latencies` requests."""
-    result = LoadResult()
-    deadline = time.monotonic() + duration
-
-    async def producer(number: int) -> None:
-        client = BroadcastClient(port)
-        try:
-            while result.sent < limit and time.monotonic() < deadline:
-                index = result.sent
-                result.sent += size
-                body = batch_body(f"{prefix}-{number}-{index}", size)
-                started = time.perf_counter()
-                try:
-                    status = await post_batch(client, f"bench-{index // size % channels}", body)
-                except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
-                    result.errors[type(exc).__name__] += 1
-                    await client.close()
-                    continue
-                result.latencies.append(time.perf_counter() - started)
-                if status == 201:
-                    result.accepted += size
-                else:
-                    result.errors[f"HTTP {status}"] += 1
-        finally:
-            await client.close()
-
-    started = time.perf_counter()
-    await asyncio.gather(*(producer(number) for number in range(clients)))
-    result.elapsed = time.perf_counter() - started
-    return result
 
 
 def own_database_cpu() -> float:
@@ -477,11 +446,9 @@ def load(
     port: int, args: argparse.Namespace, limit: int, duration: float, prefix: str
 ) -> LoadResult:
     """One phase of load: single broadcasts, or batches with --batch."""
-    if args.batch:
-        return asyncio.run(
-            drive_batches(port, args.clients, args.channels, limit, duration, prefix, args.batch)
-        )
-    return asyncio.run(drive(port, args.clients, args.channels, limit, duration, prefix))
+    return asyncio.run(
+        drive(port, args.clients, args.channels, limit, duration, prefix, batch=args.batch)
+    )
 
 
 # --- one run ------------------------------------------------------------------------------
