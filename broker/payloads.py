@@ -51,8 +51,12 @@ def payload_storage() -> Storage:
 
 
 def should_offload(body: bytes) -> bool:
+    return is_offloaded_size(len(body))
+
+
+def is_offloaded_size(size: int) -> bool:
     threshold: int = broker_settings.BROKER_PAYLOAD_OFFLOAD_BYTES
-    return len(body) > threshold
+    return size > threshold
 
 
 def store(body: bytes) -> str:

@@ -22,6 +22,7 @@ from broker.conf import broker_settings
 from broker.models import MESSAGE_ID_PATTERN, Channel, Message, Producer
 from broker.xids import new_xid
 from jobs import queue
+from jobs.queue import TokenDigests
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HEADERS = 50
@@ -96,6 +97,11 @@ class UnknownProducer(PublishError, LookupError):
     pass
 
 
+class TokensRefused(PublishError):
+    """The channel or producer token given with `tokens` did not match: nothing was stored. The
+    HTTP broadcast then reads the stored tokens to say which (404, 401 or 403)."""
+
+
 def publish(
     channel: Channel | str,
     payload: bytes | str | dict[str, Any] | list[Any],
@@ -109,6 +115,7 @@ def publish(
     scheduled_for: datetime | None = None,
     traceparent: str | None = None,
     tracestate: str | None = None,
+    tokens: TokenDigests | None = None,
 ) -> Message:
     """Store a message and its jobs atomically and return the message.
 
@@ -131,6 +138,10 @@ def publish(
     `traceparent` and `tracestate` are a W3C trace context to continue (the HTTP broadcast
     passes the producer's headers); a malformed one is ignored. The message keeps the context
     its deliveries send on: with tracing on, that of this publish's span (broker/tracing.py).
+
+    `tokens` are the digests of the channel and producer tokens a broadcast was given: the
+    message is then stored only if both match, checked by the insert itself (TokensRefused if
+    not). In-process callers pass none: they are trusted code.
     """
     message_id = message_id if message_id is not None else new_xid()
     ordering_key = ordering_key or ""
@@ -163,7 +174,7 @@ def publish(
             # (docs/delivery.md, "Large payloads").
             message.payload, message.payload_file = b"", payloads.store(body)
         try:
-            _insert(message)
+            _insert(message, tokens)
         except (PublishError, IntegrityError, DataError):
             # Refused for certain: no row names the file. (After other errors, a lost connection
             # say, the row may exist: the file stays, and purge_orphan_payloads removes it if
@@ -174,12 +185,12 @@ def publish(
         return message
 
 
-def _insert(message: Message) -> None:
+def _insert(message: Message, tokens: TokenDigests | None) -> None:
     try:
         if message.scheduled_for is not None:
-            _insert_scheduled(message)
+            _insert_scheduled(message, tokens)
             return
-        inserted = queue.insert_message(message)
+        inserted = queue.insert_message(message, tokens)
     except IntegrityError:
         if Message.objects.filter(
             channel_id=message.channel_id, public_id=message.public_id
@@ -193,9 +204,11 @@ def _insert(message: Message) -> None:
         raise UnknownChannel(f"No channel with ID {message.channel_id[:300]!r}.")
     if not inserted.producer_found:
         raise UnknownProducer(f"No producer with ID {message.producer_id[:300]!r}.")
+    if not inserted.tokens_matched:
+        raise TokensRefused("A token does not match.")
 
 
-def _insert_scheduled(message: Message) -> None:
+def _insert_scheduled(message: Message, tokens: TokenDigests | None) -> None:
     """A scheduled message: the row alone, SCHEDULED, no jobs (they are made at its release).
 
     Not on the hot path, so plain ORM on every database. It shares the (channel, public_id)
@@ -204,6 +217,8 @@ def _insert_scheduled(message: Message) -> None:
     """
     message.channel = _resolve(Channel, message.channel_id, UnknownChannel)
     message.producer = _resolve(Producer, message.producer_id, UnknownProducer)
+    if tokens and not tokens.match(message.channel.token_hash, message.producer.token_hash):
+        raise TokensRefused("A token does not match.")
     message.status = Message.Status.SCHEDULED
     message.dispatched_at = None
     with transaction.atomic():  # a savepoint: a duplicate leaves a caller's transaction usable

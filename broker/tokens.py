@@ -22,9 +22,14 @@ def hash_token(token: str) -> str:
 
 def token_matches(given: str | None, stored_hash: str) -> bool:
     """Compare in constant time, so response timing reveals nothing about the stored token."""
-    if not given or not stored_hash:
+    return bool(given) and digests_equal(hash_token(given or ""), stored_hash)
+
+
+def digests_equal(given_digest: str | None, stored_hash: str) -> bool:
+    """Whether a given token's digest (`hash_token`) is the stored one, in constant time."""
+    if not given_digest or not stored_hash:
         return False
-    return hmac.compare_digest(hash_token(given), stored_hash)
+    return hmac.compare_digest(given_digest, stored_hash)
 
 
 def secrets_equal(given: str | None, expected: str) -> bool:

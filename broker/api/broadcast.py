@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.core.exceptions import RequestDataTooBig
-from django.db import connection
+from django.db import DataError, connection
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -13,15 +13,18 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from broker import payloads
 from broker.api.errors import ApiError
 from broker.api.serializers import ErrorSerializer
 from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
 from broker.models import Channel, Producer, is_resource_id
 from broker.parsing import parse_int
-from broker.publishing import check_keepable, publish
-from broker.ratelimit import take_broadcast
+from broker.publishing import PublishError, check_keepable, publish
+from broker.ratelimit import configured_limit, take_broadcast
 from broker.scheduling import parse_rfc3339, require_min_delay
+from broker.tokens import hash_token
+from jobs.queue import TokenDigests
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 TOKEN_HASHES_SQL = (
@@ -83,36 +86,65 @@ class BroadcastView(APIView):
         },
     )
     def post(self, request: Request, channel_id: str) -> Response:
-        producer_id = _authenticate(request, channel_id)
-        # After authentication, so nobody can spend a producer's allowance without its token;
-        # before the body is read, so a producer over its rate costs no more than this.
-        take_broadcast(producer_id)  # RateLimited: 429 with Retry-After
-        payload = _payload(request)
-        scheduled_for = _scheduled_for(request)
-        message = publish(
-            channel_id,
-            payload,
-            producer=producer_id,
-            message_id=request.headers.get("X-Broker-Message-ID") or None,
-            priority=_priority(request),
-            headers=_metadata_headers(request),
-            content_type=request.headers.get("Content-Type") or DEFAULT_CONTENT_TYPE,
-            ordering_key=request.headers.get("X-Broker-Ordering-Key", "").strip(),
-            scheduled_for=scheduled_for,
-            # The producer's W3C trace context, continued by the deliveries (malformed: ignored).
-            traceparent=request.headers.get("traceparent"),
-            tracestate=request.headers.get("tracestate"),
-        )
-        kind = "message" if scheduled_for is None else "scheduled-message"
-        location = f"/channel/{channel_id}/{kind}/{message.public_id}"
-        return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
+        producer_id = producer_id_of(request)
+        if configured_limit() is not None or not _small_body(request):
+            # Tokens first, in a query of their own: so nobody can spend a producer's allowance
+            # without its token, and a body to offload is read and stored only once they match.
+            authenticate(request, channel_id, producer_id)
+            take_broadcast(producer_id)  # RateLimited: 429 with Retry-After
+            return _publish(request, channel_id, producer_id, tokens=None)
+        try:
+            # The hot path: the publish statement checks the tokens itself (one round trip).
+            return _publish(request, channel_id, producer_id, _given_tokens(request))
+        except (ApiError, PublishError, DataError):
+            # Refused, for its tokens or for its content: the tokens are judged first, as on
+            # the path above, so a caller without them learns nothing else (404, 401, 403).
+            authenticate(request, channel_id, producer_id)
+            raise
 
 
-def _authenticate(request: Request, channel_id: str) -> str:
-    """Check the channel and producer tokens; return the producer's ID."""
+def _publish(
+    request: Request, channel_id: str, producer_id: str, tokens: TokenDigests | None
+) -> Response:
+    payload = _payload(request)
+    scheduled_for = _scheduled_for(request)
+    message = publish(
+        channel_id,
+        payload,
+        producer=producer_id,
+        message_id=request.headers.get("X-Broker-Message-ID") or None,
+        priority=_priority(request),
+        headers=_metadata_headers(request),
+        content_type=request.headers.get("Content-Type") or DEFAULT_CONTENT_TYPE,
+        ordering_key=request.headers.get("X-Broker-Ordering-Key", "").strip(),
+        scheduled_for=scheduled_for,
+        # The producer's W3C trace context, continued by the deliveries (malformed: ignored).
+        traceparent=request.headers.get("traceparent"),
+        tracestate=request.headers.get("tracestate"),
+        tokens=tokens,
+    )
+    kind = "message" if scheduled_for is None else "scheduled-message"
+    location = f"/channel/{channel_id}/{kind}/{message.public_id}"
+    return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
+
+
+def producer_id_of(request: Request) -> str:
     producer_id = request.headers.get("X-Broker-Producer-ID", "")
-    if not is_resource_id(producer_id):
-        producer_id = ""  # malformed: unknown, and never sent to the database
+    # Malformed: unknown, and never sent to the database.
+    return producer_id if is_resource_id(producer_id) else ""
+
+
+def _given_tokens(request: Request) -> TokenDigests:
+    channel, producer = (
+        request.headers.get(name) for name in ("X-Broker-Channel-Token", "X-Broker-Producer-Token")
+    )
+    return TokenDigests(
+        hash_token(channel) if channel else None, hash_token(producer) if producer else None
+    )
+
+
+def authenticate(request: Request, channel_id: str, producer_id: str) -> None:
+    """Check the channel and producer tokens: 404, 401 or 403 unless both match."""
     channel_hash, producer_hash = _token_hashes(channel_id, producer_id)
     if channel_hash is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, f"No channel {channel_id!r}.")
@@ -120,7 +152,6 @@ def _authenticate(request: Request, channel_id: str) -> str:
     if producer_hash is None:
         raise ApiError(status.HTTP_401_UNAUTHORIZED, "Unknown or missing X-Broker-Producer-ID.")
     require_token(request, "X-Broker-Producer-Token", StoredToken(producer_hash), "Producer")
-    return producer_id
 
 
 def _token_hashes(channel_id: str, producer_id: str) -> tuple[str | None, str | None]:
@@ -131,16 +162,27 @@ def _token_hashes(channel_id: str, producer_id: str) -> tuple[str | None, str | 
     return channel_hash, producer_hash
 
 
+def _small_body(request: Request) -> bool:
+    """Whether the declared body is kept in the row, not offloaded (False when malformed)."""
+    try:
+        return not payloads.is_offloaded_size(_declared_length(request))
+    except ApiError:
+        return False
+
+
+def _declared_length(request: Request) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise ApiError(status.HTTP_400_BAD_REQUEST, "Malformed Content-Length.") from None
+
+
 def _payload(request: Request) -> bytes:
     limit = broker_settings.BROKER_MAX_PAYLOAD_BYTES
     too_large = ApiError(
         status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"The payload is over {limit} bytes."
     )
-    try:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise ApiError(status.HTTP_400_BAD_REQUEST, "Malformed Content-Length.") from None
-    if declared > limit:
+    if _declared_length(request) > limit:
         raise too_large  # refuse before reading the body
     try:
         return bytes(request.body)

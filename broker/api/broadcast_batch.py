@@ -24,8 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.batch_items import parse_items, read_batch, wire_error
-from broker.api.broadcast import HEADERS
-from broker.api.broadcast import _authenticate as authenticate  # the broadcast's, answers and all
+from broker.api.broadcast import HEADERS, authenticate, producer_id_of
 from broker.api.errors import ApiError
 from broker.api.serializers import ErrorSerializer
 from broker.conf import broker_settings
@@ -150,7 +149,8 @@ class BroadcastBatchView(APIView):
     )
     def post(self, request: Request, channel_id: str) -> Response:
         """Publish many messages at once, all or nothing."""
-        producer_id = authenticate(request, channel_id)
+        producer_id = producer_id_of(request)
+        authenticate(request, channel_id, producer_id)  # the broadcast's, answers and all
         messages, errors = parse_items(read_batch(_body(request)))
         try:
             rows = check_batch(channel_id, producer_id, messages, errors)

@@ -47,6 +47,7 @@ from jobs.queue.types import (
     OutcomeReport,
     OutgoingMessage,
     ReportResult,
+    TokenDigests,
 )
 from jobs.retry import Outcome, Verdict
 from jobs.states import DELIVERED, INFLIGHT, QUEUED, JobStatus, check_transition
@@ -62,6 +63,7 @@ __all__ = [
     "OutcomeReport",
     "OutgoingMessage",
     "ReportResult",
+    "TokenDigests",
     "acknowledge_pull_job",
     "add_jobs",
     "claim_for_pull",
@@ -85,13 +87,14 @@ __all__ = [
 RELEASE_BATCH = 500  # scheduled messages released per call (and per transaction) by default
 
 
-def insert_message(message: Message) -> Inserted:
+def insert_message(message: Message, tokens: TokenDigests | None = None) -> Inserted:
     """Insert an unsaved, unscheduled message and one QUEUED job per consumer its channel has,
     atomically, and wake the dispatchers at commit. Sets the message's key, status (DISPATCHED,
     or ACKNOWLEDGED when the channel has no consumer) and dispatch time. Inserts nothing when the
-    channel or the producer does not exist (the result says which); IntegrityError when the
-    channel has a message with that ID. Inside a caller's transaction it joins it (outbox)."""
-    return backend.implementation().insert_message(message)
+    channel or the producer does not exist, or when `tokens` are given and do not both match
+    (the result says which); IntegrityError when the channel has a message with that ID. Inside
+    a caller's transaction it joins it (outbox)."""
+    return backend.implementation().insert_message(message, tokens)
 
 
 def insert_messages(batch: MessageBatch) -> InsertedBatch:

@@ -36,6 +36,7 @@ from jobs.queue.types import (
     InsertedBatch,
     MessageBatch,
     NewMessage,
+    TokenDigests,
 )
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 
@@ -49,11 +50,13 @@ class PortableQueue(PortablePullOperations):
         """No notifications without PostgreSQL: dispatchers poll."""
         await asyncio.Event().wait()
 
-    def insert_message(self, message: Message) -> Inserted:
-        channel_found = Channel.objects.filter(pk=message.channel_id).exists()
-        producer_found = Producer.objects.filter(pk=message.producer_id).exists()
-        if not (channel_found and producer_found):
-            return Inserted(channel_found, producer_found)
+    def insert_message(self, message: Message, tokens: TokenDigests | None = None) -> Inserted:
+        channel_hash = _token_hash(Channel, message.channel_id)
+        producer_hash = _token_hash(Producer, message.producer_id)
+        if channel_hash is None or producer_hash is None:
+            return Inserted(channel_hash is not None, producer_hash is not None)
+        if tokens and not tokens.match(channel_hash, producer_hash):
+            return Inserted(True, True, tokens_matched=False)
         consumer_ids = list(
             Consumer.objects.filter(channel_id=message.channel_id).values_list("pk", flat=True)
         )
@@ -196,3 +199,8 @@ def _consumer_room(now: datetime) -> dict[Consumer, int]:
         for consumer in consumers.only("ordering", "max_in_flight", "circuit_open_until")
     }
     return {consumer: free for consumer, free in room.items() if free > 0}
+
+
+def _token_hash(model: type[Channel] | type[Producer], pk: str) -> str | None:
+    """The stored token digest of the channel or producer `pk`; None when there is none."""
+    return model.objects.filter(pk=pk).values_list("token_hash", flat=True).first()

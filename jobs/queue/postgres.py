@@ -25,7 +25,7 @@ from jobs.models import DeliveryAttempt, Job
 from jobs.queue.postgres_batch import batch_parameters, insert_batch_sql, inserted_batch
 from jobs.queue.postgres_pull import PostgresPullStatements
 from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, WAKEUP_CHANNEL, lease_expiry
-from jobs.queue.types import ClaimedJob, Inserted, InsertedBatch, MessageBatch
+from jobs.queue.types import ClaimedJob, Inserted, InsertedBatch, MessageBatch, TokenDigests
 from jobs.queue.wakeup import listen_for_jobs
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 
@@ -43,13 +43,17 @@ _JOB_COLUMNS = """(message_id, consumer_id, status, priority, ordering_key, atte
 _NOTIFY = f"pg_notify('{WAKEUP_CHANNEL}', '')"
 
 # Publish: the message and one job per consumer of the channel in one statement: atomic by
-# itself, one round trip (a broadcast went from 8 round trips to 3 with it), and the consumers
-# are read in the same snapshot as the insert. The channel and producer are checked in it too.
+# itself, one round trip (a broadcast went from 8 round trips to 1 with it), and the consumers
+# are read in the same snapshot as the insert. The channel and producer are checked in it too,
+# and, for a broadcast, their tokens: the digests of the tokens given must equal the stored ones
+# (an ordinary comparison, not a constant-time one, is safe here: it compares digests of what the
+# caller sent, and learning how many leading characters of such a digest match the stored one
+# tells nothing about a token, as SHA-256 cannot be steered towards a prefix).
 INSERT_MESSAGE_SQL = f"""
 WITH channel AS (
-    SELECT id FROM {Channel._meta.db_table} WHERE id = %(channel)s
+    SELECT id, token_hash FROM {Channel._meta.db_table} WHERE id = %(channel)s
 ), producer AS (
-    SELECT id FROM {Producer._meta.db_table} WHERE id = %(producer)s
+    SELECT id, token_hash FROM {Producer._meta.db_table} WHERE id = %(producer)s
 ), consumers AS (
     SELECT consumer.id FROM {_CONSUMER} consumer JOIN channel ON consumer.channel_id = channel.id
 ), message AS (
@@ -62,6 +66,8 @@ WITH channel AS (
         %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END,
         %(traceparent)s, %(tracestate)s
     FROM channel, producer
+    WHERE NOT %(check_tokens)s OR (channel.token_hash = %(channel_token)s
+        AND producer.token_hash = %(producer_token)s)
     RETURNING id, status, dispatched_at
 ), jobs AS (
     INSERT INTO {_JOB} {_JOB_COLUMNS}
@@ -258,16 +264,19 @@ class PostgresQueue(PostgresPullStatements):
     async def listen(self, wake: Callable[[], None]) -> None:
         await listen_for_jobs(wake)
 
-    def insert_message(self, message: Message) -> Inserted:
+    def insert_message(self, message: Message, tokens: TokenDigests | None = None) -> Inserted:
         # Alone, the statement commits by itself; inside a caller's transaction it needs a
         # savepoint so that a refused message (duplicate ID) leaves that transaction usable.
         savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+        parameters = _message_parameters(message) | _token_parameters(tokens)
         with savepoint, connection.cursor() as cursor:
-            cursor.execute(INSERT_MESSAGE_SQL, _message_parameters(message))
+            cursor.execute(INSERT_MESSAGE_SQL, parameters)
             pk, status, dispatched_at, channel_found, producer_found, _ = cursor.fetchone()
         message.pk, message.status, message.dispatched_at = pk, status, dispatched_at
         message._state.adding = pk is None
-        return Inserted(channel_found, producer_found)
+        # Channel and producer found but nothing inserted: the tokens did not match.
+        refused = channel_found and producer_found and pk is None
+        return Inserted(channel_found, producer_found, tokens_matched=not refused)
 
     def insert_messages(self, batch: MessageBatch) -> InsertedBatch:
         # As insert_message: a savepoint only inside a caller's transaction.
@@ -333,4 +342,12 @@ def _message_parameters(message: Message) -> dict[str, Any]:
         "now": message.received_at,
         "traceparent": message.traceparent,
         "tracestate": message.tracestate,
+    }
+
+
+def _token_parameters(tokens: TokenDigests | None) -> dict[str, Any]:
+    return {
+        "check_tokens": tokens is not None,
+        "channel_token": tokens.channel if tokens else None,
+        "producer_token": tokens.producer if tokens else None,
     }

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from broker.tokens import digests_equal
 from jobs.states import JobStatus
 
 
@@ -82,12 +83,29 @@ CLAIM_COLUMNS = (
 
 
 @dataclass(frozen=True)
+class TokenDigests:
+    """The SHA-256 digests (broker/tokens.py) of the channel and producer tokens a broadcast was
+    given, None for a token not given: the insert then happens only if both match the stored
+    ones, checked in the same statement (docs/performance.md, "Ingest: broadcast throughput")."""
+
+    channel: str | None
+    producer: str | None
+
+    def match(self, channel_hash: str, producer_hash: str) -> bool:
+        """Whether both are the stored digests, compared in constant time."""
+        return digests_equal(self.channel, channel_hash) and digests_equal(
+            self.producer, producer_hash
+        )
+
+
+@dataclass(frozen=True)
 class Inserted:
-    """What inserting a message with its jobs found: a missing channel or producer means that
-    nothing was inserted."""
+    """What inserting a message with its jobs found: a missing channel or producer, or tokens
+    that did not match, mean that nothing was inserted."""
 
     channel_found: bool
     producer_found: bool
+    tokens_matched: bool = True
 
 
 @dataclass(frozen=True)
