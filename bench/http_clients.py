@@ -59,6 +59,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="every client, every round")
     parser.add_argument("--timeout", type=float, default=10.0, help="per request, seconds")
     parser.add_argument("--logs", type=Path, default=None, help="receiver log directory")
+    parser.add_argument(
+        "--loop", choices=["asyncio", "uvloop"], default="asyncio", help="the clients' event loop"
+    )
     # Internal: one client process's run.
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -120,12 +123,20 @@ async def run_worker(args: argparse.Namespace) -> dict[str, Any]:
 def run_client(args: argparse.Namespace, name: str, width: int, port: int) -> dict[str, Any]:
     command = [sys.executable, str(BENCH / "http_clients.py"), "--worker", name]
     command += ["--port", str(port), "--concurrency", str(width), "--requests", str(args.requests)]
-    command += ["--warmup", str(args.warmup), "--timeout", str(args.timeout)]
+    command += ["--warmup", str(args.warmup), "--timeout", str(args.timeout), "--loop", args.loop]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603
     if run.returncode != 0:
         return {"error": (run.stderr.strip().splitlines() or ["exited " + str(run.returncode)])[-1]}
     result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     return result
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None  # asyncio's own
 
 
 def installed(name: str) -> str:
@@ -143,13 +154,14 @@ def main() -> None:
     if args.worker:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "broker.settings")
         os.environ["BROKER_ALLOW_PRIVATE_CALLBACKS"] = "true"  # the receiver is on loopback
-        print(json.dumps(asyncio.run(run_worker(args))))
+        with asyncio.Runner(loop_factory=event_loop_factory(args.loop)) as runner:
+            print(json.dumps(runner.run(run_worker(args))))
         return
     names = [name.strip() for name in args.clients.split(",") if name.strip()]
     widths = [int(width) for width in args.concurrency.split(",")]
     print(f"# {machine()}")
     print(f"# {args.requests} measured requests per run after {args.warmup} warm-up requests;")
-    print(f"# {args.rounds} rounds; clients: {', '.join(names)}", flush=True)
+    print(f"# {args.rounds} rounds; {args.loop} loop; clients: {', '.join(names)}", flush=True)
     missing = {name: why for name in names if (why := installed(name))}
     for name, why in missing.items():
         print(f"# skipped {name}: {why}")

@@ -1,7 +1,5 @@
 """The push dispatcher (docs/dispatcher.md): claims due jobs, delivers them concurrently, records
-outcomes.
-
-A thin loop over small synchronous steps, each one short transaction on the job queue
+outcomes. A thin loop over small synchronous steps, each one short transaction on the job queue
 (jobs/queue): `claim`, `complete`, `release`, and the maintenance steps beside them
 (jobs/maintenance.py). They run in database threads; deliveries run concurrently on an asyncio
 loop with one keep-alive connection pool. No transaction or row lock is ever held across an HTTP
@@ -96,6 +94,7 @@ class Dispatcher:
         """Take up to `limit` due jobs of push consumers that may receive, and build requests."""
         now = timezone.now()
         claimed = queue.claim_for_push(limit, now)
+        logger.debug("claimed %d of up to %d jobs", len(claimed), limit)
         consumers = self._consumers.as_of_claim(claimed)
         requests, unsendable = [], []
         for job in claimed:

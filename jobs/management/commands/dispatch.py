@@ -2,14 +2,27 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from prometheus_client import start_http_server
 
+from broker.conf import broker_settings
 from jobs.dispatch import BrokenDatabase, Dispatcher, DispatcherConfig
 from jobs.health import DEFAULT_STALE_AFTER_SECONDS, HealthServer, start_health_server
 from jobs.queue import listen_for_jobs
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """BROKER_DISPATCH_EVENT_LOOP's loop; None for asyncio's own."""
+    if broker_settings.BROKER_DISPATCH_EVENT_LOOP == "uvloop":
+        # libuv's loop: about a fifth of the dispatcher's CPU was asyncio's own (selector,
+        # callbacks, transports), docs/performance.md "Delivery: the event loop".
+        import uvloop  # not on Windows: BROKER_DISPATCH_EVENT_LOOP=asyncio there
+
+        return uvloop.new_event_loop
+    return None
 
 
 class Command(BaseCommand):
@@ -91,7 +104,8 @@ class Command(BaseCommand):
         health = self._serve_health(dispatcher, options) if options["health_port"] else None
         self.stdout.write(f"dispatcher {config.dispatcher_id} starting")
         try:
-            asyncio.run(self._run(dispatcher))
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(self._run(dispatcher))
         except BrokenDatabase as exc:
             # The one way a dispatcher ends on its own: no delivery's failure ends it.
             raise CommandError(f"dispatcher {config.dispatcher_id} stopped: {exc}") from exc
@@ -114,6 +128,7 @@ class Command(BaseCommand):
 
     async def _run(self, dispatcher: Dispatcher) -> None:
         loop = asyncio.get_running_loop()
+        self.stdout.write(f"event loop: {type(loop).__module__.split('.')[0]}")
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(stop_signal, dispatcher.stop)
         listener = asyncio.create_task(listen_for_jobs(dispatcher.wake))
