@@ -171,3 +171,17 @@ def test_publish_with_tokens_stores_nothing_unless_both_match(
 
 def _in_an_hour():
     return timezone.now() + timedelta(hours=1)
+
+
+def test_a_token_changed_during_the_broadcast_is_403(client, monkeypatch):
+    # The statement saw the old token; the check after it sees the new one, which was given.
+    def refused(*args, **kwargs):
+        raise TokensRefused("A token does not match.")
+
+    monkeypatch.setattr("broker.api.broadcast.publish", refused)
+
+    response = client.post(
+        "/channel/orders/broadcast", b"x", content_type="text/plain", headers=BROADCAST_HEADERS
+    )
+
+    assert (response.status_code, response.json()) == (403, {"Error": "A token does not match."})
