@@ -45,9 +45,10 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,35 @@ def publishing(bench: Bench, rate: float, processes: int) -> str:
     return f"{call} from {processes} process(es) at {rate:g} messages/s"
 
 
+@contextmanager
+def vacuuming(bench: Bench) -> Iterator[None]:
+    """`VACUUM jobs_job` every --vacuum-seconds meanwhile (0: never), on a connection of its own:
+    what autovacuum does in a deployment (at most once a minute per database by default, with
+    migration jobs/0004's thresholds), which this machine's PostgreSQL has switched off."""
+    every = bench.args.vacuum_seconds
+    if not every:
+        yield
+        return
+    stop = threading.Event()
+    runs: list[float] = []
+
+    def vacuum() -> None:
+        with psycopg.connect(bench.database_url, autocommit=True) as conn:
+            while not stop.wait(every):
+                started = time.perf_counter()
+                conn.execute("VACUUM jobs_job")
+                runs.append(time.perf_counter() - started)
+
+    thread = threading.Thread(target=vacuum, name="bench-vacuum", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        print(f"  VACUUM jobs_job every {every:g} s: {len(runs)} runs, {sum(runs):.1f} s in all")
+
+
 def scenario_latency(bench: Bench) -> None:
     for rate in bench.args.latency_rate:
         latency_at(bench, rate)
@@ -325,7 +355,7 @@ def latency_at(bench: Bench, rate: float) -> None:
     )
     with receivers(bench) as sinks:
         prepare(bench, 1, sinks.port)
-        with dispatchers(bench, 1, options) as running:
+        with dispatchers(bench, 1, options) as running, vacuuming(bench):
             batch = args.publish_batch
             warm = publish_steadily(rate, args.latency_warmup, "w", processes, batch=batch)
             wait_for_delivered(bench, sinks, warm.count, running)
@@ -682,7 +712,7 @@ def scenario_rss(bench: Bench) -> None:
     samples: list[Sample] = []
     with receivers(bench) as sinks:
         prepare(bench, 1, sinks.port)
-        with dispatchers(bench, 1, options) as running:
+        with dispatchers(bench, 1, options) as running, vacuuming(bench):
             pid, started = running[0].pid, time.monotonic()
 
             def sample(every: float = 0.0) -> None:
@@ -811,6 +841,7 @@ def parse_arguments() -> argparse.Namespace:
     add("--latency-rate", type=numbers, default="500,2000", help="latency: messages/s, a run each")
     add("--publishers", type=int, default=0, help="latency, rss: processes (0: one per 400/s)")
     add("--publish-batch", type=int, default=1, help="latency, rss: messages per publish call")
+    add("--vacuum-seconds", type=float, default=0, help="latency, rss: VACUUM jobs every (0: no)")
     add("--latency-seconds", type=float, default=20.0, help="latency: measured publishing time")
     add("--latency-warmup", type=float, default=2.0, help="latency: publishing time not measured")
     add("--backlog-rows", type=int, default=1_000_000, help="backlog: other queued jobs")
