@@ -7,11 +7,16 @@ Scenarios (`--scenario`, comma-separated, default `all`):
     celery   the same jobs sent by Celery 5 + requests (RabbitMQ on 127.0.0.1:5672) with as many
              prefork worker processes as dispatchers; our rate / Celery's
     slow     a receiver that answers after 200 ms: one dispatcher with enough concurrency
-    latency  publish -> arrival at the receiver at 500 messages/s offered, one dispatcher that
-             waits idle for NOTIFY; `broker.publish()` is called in this process
-    backlog  the drain rate with 1,000,000 other queued jobs in the table, against the rate
-             without them, measured right before
+    latency  publish -> arrival at the receiver at 500 and 2,000 messages/s offered, one
+             dispatcher that waits idle for NOTIFY; `broker.publish()` (or `publish_many()` with
+             --publish-batch) from processes forked for the rate (bench/steady_publish.py), which
+             print the rate they reached
+    backlog  the drain rate with 1,000,000 other queued jobs in the table (all due, due tomorrow,
+             or a paused consumer's), against the rate without them, measured right before;
+             --explain prints EXPLAIN (ANALYZE, BUFFERS) of the claim on each queue
     rss      the dispatcher's resident memory while messages are published at a steady rate
+             (--rss-rate, publishers as for latency); flat = under 5 % growth from the sample at
+             20 % of the run to the end
     ordered  an ordered consumer with 1,000 ordering keys against the same consumer unordered,
              and the cost of its claim statement with 10,000 and 1,000,000 queued jobs
     scheduled  200 messages scheduled 0.1 s apart, released by two dispatchers: how late each
@@ -28,7 +33,7 @@ job was delivered exactly once. It talks to 127.0.0.1 only, stops by itself and 
 
     .venv/bin/python bench/dispatch.py                         # everything, about 4 minutes
     .venv/bin/python bench/dispatch.py --scenario drain,celery
-    .venv/bin/python bench/dispatch.py --scenario rss --rss-seconds 600
+    .venv/bin/python bench/dispatch.py --scenario rss --rss-seconds 600 --rss-rate 2000
     .venv/bin/python bench/dispatch.py --help
 
 The celery scenario needs `.venv/bin/pip install -r bench/requirements.txt` and RabbitMQ
