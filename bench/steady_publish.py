@@ -98,6 +98,8 @@ def publish_steadily(
     sent: dict[str, float] = {}
     committed: dict[str, float] = {}
     for index, (stamps, _, _, _) in results.items():
+        if not stamps:  # keep_times=False
+            continue
         times = array("d")
         times.frombytes(stamps)  # per call: before, returned
         calls = range(index * batch, total, processes * batch)
