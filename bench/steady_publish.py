@@ -5,7 +5,8 @@ One process calling `broker.publish()` (a transaction, a commit and a NOTIFY per
 with about 600 messages/s on the 2-core VM, so a higher rate is shared between processes forked
 from the benchmark: process i of N publishes messages i, i + N, i + 2N, ..., message n at
 `start + n / rate` on the wall clock (open loop: a late message does not move the schedule, the
-process catches up as fast as it can). With `batch` > 1 the unit is a batch of that many
+process catches up as fast as it can, and stops at the end of the `seconds`, whatever it has
+not published by then). With `batch` > 1 the unit is a batch of that many
 consecutive messages, published with one `broker.publish_many()` call (one statement, one commit,
 one NOTIFY) at the time of its first message; each of its messages counts as published then.
 Each process reports when it called `publish()` for each of its messages and when the call
@@ -76,13 +77,13 @@ def publish_steadily(
     pipes, children = [], []
     for index in range(processes):
         receiving, sending = context.Pipe(duplex=False)
-        share = (index, processes, rate, total, batch, start, prefix, keep_times, sending)
+        share = (index, processes, rate, total, batch, start, seconds, prefix, keep_times, sending)
         child = context.Process(target=_publish_share, args=share, daemon=True)
         child.start()
         sending.close()
         pipes.append(receiving)
         children.append(child)
-    results: dict[int, tuple[bytes, float, float, float]] = {}
+    results: dict[int, tuple[bytes, float, float, float, int]] = {}
     waiting = {id(pipe): (index, pipe) for index, pipe in enumerate(pipes)}
     while waiting:
         for ready in wait([pipe for _, pipe in waiting.values()], timeout=0.05):
@@ -97,23 +98,21 @@ def publish_steadily(
         child.join()
     sent: dict[str, float] = {}
     committed: dict[str, float] = {}
-    for index, (stamps, _, _, _) in results.items():
-        if not stamps:  # keep_times=False
-            continue
+    for index, (stamps, *_) in results.items():
         times = array("d")
-        times.frombytes(stamps)  # per call: before, returned
+        times.frombytes(stamps)  # per call made: before, returned (none with keep_times=False)
         calls = range(index * batch, total, processes * batch)
-        for first, before, returned in zip(calls, times[::2], times[1::2], strict=True):
+        for first, before, returned in zip(calls, times[::2], times[1::2], strict=False):
             for n in range(first, first + batch):
                 sent[f"{prefix}{n}"], committed[f"{prefix}{n}"] = before, returned
-    finished = max(end for _, end, _, _ in results.values())
+    finished = max(end for _, end, _, _, _ in results.values())
     return Published(
         requested=rate,
         start=start,
-        count=total,
+        count=batch * sum(calls for *_, calls in results.values()),
         seconds=finished - start,
-        cpu_seconds=sum(cpu for _, _, cpu, _ in results.values()),
-        behind=max(late for _, _, _, late in results.values()),
+        cpu_seconds=sum(cpu for _, _, cpu, _, _ in results.values()),
+        behind=max(late for _, _, _, late, _ in results.values()),
         sent=sent,
         committed=committed,
     )
@@ -126,11 +125,13 @@ def _publish_share(
     total: int,
     batch: int,
     start: float,
+    seconds: float,
     prefix: str,
     keep_times: bool,
     result: Connection,
 ) -> None:
-    """One forked publisher: units index, index + processes, ... on their schedule."""
+    """One forked publisher: units index, index + processes, ... on their schedule, until the
+    schedule's end."""
     from broker.publishing import publish
     from broker.publishing_batch import BatchMessage, publish_many
 
@@ -138,7 +139,10 @@ def _publish_share(
     stamps = array("d")
     behind = 0.0
     payload = PAYLOAD.encode()
+    calls = 0
     for first in range(index * batch, total, processes * batch):
+        if time.time() >= start + seconds:
+            break  # behind schedule: what is left is not published
         pause = start + first / rate - time.time()
         if pause > 0:
             time.sleep(pause)
@@ -154,9 +158,10 @@ def _publish_share(
                 for n in range(first, first + batch)
             ]
             publish_many(CHANNEL, messages, producer=PRODUCER)
+        calls += 1
         if keep_times:
             stamps.extend((before, time.time()))
     finished = time.time()
     close_django_connections()
-    result.send((stamps.tobytes(), finished, time.process_time() - cpu, behind))
+    result.send((stamps.tobytes(), finished, time.process_time() - cpu, behind, calls))
     result.close()
