@@ -746,15 +746,14 @@ def scenario_rss(bench: Bench) -> None:
         check = verify(bench, sinks.received())
     cpu = cpu_by_group(before, after, groups)
     cpu["publishers"] = published.cpu_seconds
-    # From the schedule's start until the last job was DELIVERED (both time.time()).
-    delivery_rate = published.count / (finished - published.start)
-    per_delivery = ", ".join(
-        f"{name} {1000 * used / published.count:.3f}" for name, used in cpu.items()
-    )
+    # From the schedule's start until the last job was DELIVERED, or the wait for them ran out.
+    delivered = samples[-1].delivered
+    delivery_rate = delivered / (finished - published.start)
+    per_delivery = ", ".join(f"{name} {1000 * used / delivered:.3f}" for name, used in cpu.items())
     print(
-        f"  {published}\n  {backlog:,} jobs not yet delivered when publishing ended; all"
-        f" {published.count:,} delivered {finished - published.start:.1f} s after the first"
-        f" publish: {delivery_rate:,.0f} deliveries/s\n"
+        f"  {published}\n  {backlog:,} jobs not yet delivered when publishing ended;"
+        f" {delivered:,} delivered {finished - published.start:.1f} s after the first publish"
+        f"{' (TIMED OUT)' if timed_out else ''}: {delivery_rate:,.0f} deliveries/s\n"
         f"  CPU ms per delivery over the run: {per_delivery}"
     )
     report_rss(bench, samples, check, timed_out)
