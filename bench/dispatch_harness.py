@@ -634,7 +634,9 @@ def drain_ours(
     first = min((seen[1] for seen in received.values()), default=finished)
     check = verify(bench, received, touched_only=touched_only)
     cpu = cpu_by_group(before, after, groups)
-    drain = Drain(label, jobs, first, finished, cpu, check, timed_out)
+    # Cut off by the timeout: the rate (and CPU per delivery) of what was delivered by then.
+    done = check.statuses["DELIVERED"] if timed_out else jobs
+    drain = Drain(label, done, first, finished, cpu, check, timed_out)
     drain.report()
     return drain
 
