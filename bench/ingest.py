@@ -595,13 +595,14 @@ def postgres_alone(
 
 @contextmanager
 def profiled(leader: int, out: Path | None) -> Iterator[None]:
-    """py-spy sampling the server's processes (all of them, 100 times a second) while the
-    block runs, its raw samples written to `out`: bench/ingest_profile.py sorts them by step."""
+    """py-spy sampling the server's processes (all of them, 100 times a second, only threads
+    holding the GIL, as the dispatcher's profile does) while the block runs, its raw samples
+    written to `out`: bench/ingest_profile.py sorts them by step."""
     if out is None:
         yield
         return
     command = [
-        str(Path(sys.executable).parent / "py-spy"), "record", "--subprocesses",
+        str(Path(sys.executable).parent / "py-spy"), "record", "--subprocesses", "--gil",
         "-r", "100", "-f", "raw", "-o", str(out), "-p", str(leader),
     ]  # fmt: skip
     spy = subprocess.Popen(command, stdout=subprocess.DEVNULL)  # noqa: S603
