@@ -53,10 +53,10 @@ from ingest import (
     broker_environment,
     drive,
     free_port,
-    gunicorn,
     prepare_broker,
     stop,
     wait_until_serving,
+    web_server,
 )
 from psycopg import sql
 
@@ -179,7 +179,7 @@ def serving(setup: str, env: dict[str, str]) -> Iterator[int]:
             wait_until_serving(port, server)
             yield port
     else:
-        with gunicorn(ServerConfig.parse(setup), env) as (port, _):
+        with web_server(ServerConfig.parse(setup), env) as (port, _):
             yield port
 
 

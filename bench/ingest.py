@@ -1,28 +1,39 @@
-"""Broadcast ingest throughput: concurrent producers POST /channel/{c}/broadcast to gunicorn.
+"""Broadcast ingest throughput: concurrent producers POST /channel/{c}/broadcast to gunicorn or
+granian, beside PostgreSQL alone (pgbench) doing what those broadcasts ask of it.
 
 For each server configuration asked for, the benchmark
 
 1. creates a fresh PostgreSQL database `bench_ingest` on 127.0.0.1:5432 (dropped first if left
    over) and runs the migrations against it;
 2. creates the channels (one push consumer each) and a producer through the ORM;
-3. starts gunicorn on a free loopback port with that configuration and waits for `/_status`;
+3. starts the server (gunicorn sync or gthread, or granian's WSGI interface) on a free loopback
+   port with that configuration, its output (the access log) to a file, and waits for
+   `/_status`;
 4. warms up, then drives POST /channel/{c}/broadcast from `--clients` concurrent keep-alive
    connections (one asyncio event loop, stdlib only) until `--messages` requests were sent or
    `--duration` seconds passed, whichever comes first;
 5. prints accepted (201) messages/s, errors, latency percentiles and the CPU time the client,
-   gunicorn and PostgreSQL spent per message;
+   the server (every process of the session it was started in, every thread) and PostgreSQL
+   spent per message;
 6. checks with SQL that the database holds exactly one message and one job per consumer for
-   every 201, then stops gunicorn and drops the database.
+   every 201, and stops the server;
+7. unless `--no-pgbench`: records the statements one real broadcast sends and has pgbench
+   replay them over as many connections, for as long as step 4 took (`ingest_pgbench.py`);
+   checks one message and one job per transaction, no failures, and deletes them; then drops
+   the database.
 
 It talks to 127.0.0.1 only and stops by itself. Run from the project root:
 
     .venv/bin/python bench/ingest.py                       # the documented production setup
     .venv/bin/python bench/ingest.py --compare             # every candidate server setup
     .venv/bin/python bench/ingest.py --server gthread:2x8  # one setup: class:workers[xthreads]
+    .venv/bin/python bench/ingest.py --server granian:2x4  # granian, 2 workers x 4 threads
     .venv/bin/python bench/ingest.py --batch 1000          # POST …/broadcast-batch, 1000 a request
+    .venv/bin/python bench/ingest.py --profile FILE --no-pgbench  # py-spy samples of the server
 
 With `--batch N` each request is a batch broadcast of N messages (docs/api.md, "Batch broadcast")
-and `--messages`, `--warmup`, the rate and the CPU figures count messages, the latencies requests.
+and `--messages`, `--warmup`, the rate and the CPU figures count messages, the latencies requests;
+pgbench does not run then.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -47,6 +59,7 @@ from pathlib import Path
 
 import psycopg
 from dispatch_harness import machine  # the run's header: date, CPU, versions, load, commit
+from ingest_pgbench import PgbenchResult, captured_statements, run_pgbench
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,19 +75,25 @@ CORES = os.cpu_count() or 1
 # The documented production setup, gunicorn's 2 x cores + 1 sync workers (docs/performance.md
 # says why), and the other worker models measured against it by --compare.
 DEFAULT_SERVER = f"sync:{2 * CORES + 1}"
+SERVER_CLASSES = ("sync", "gthread", "granian")
+# granian: workers x blocking threads (the threads that run Django; one Rust runtime thread per
+# worker does the HTTP work). 2 x 1 and 2 x 8 were tried too, and were slower than these.
 CANDIDATES = [
     DEFAULT_SERVER,
     f"gthread:{CORES}x4",
-    f"gthread:{CORES}x8",
-    f"gthread:{2 * CORES}x4",
-    "gthread:1x16",
+    f"granian:{CORES}x4",
+    f"granian:{CORES}x2",
+    "granian:1x4",
+    f"granian:{2 * CORES}x1",
 ]
 TARGET_RATE, TARGET_P99_MS = 2000, 50  # issue 18's targets for this 2-core machine
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """A gunicorn worker model: `sync:5` (5 sync workers), `gthread:2x8` (2 workers x 8 threads)."""
+    """A server and its shape: `sync:5` (gunicorn, 5 sync workers), `gthread:2x8` (gunicorn, 2
+    workers x 8 threads), `granian:2x4` (granian's WSGI interface, 2 workers x 4 blocking
+    threads, the threads that run the application)."""
 
     worker_class: str
     workers: int
@@ -84,9 +103,9 @@ class ServerConfig:
     def parse(cls, text: str) -> ServerConfig:
         worker_class, _, shape = text.partition(":")
         workers, _, threads = shape.partition("x")
-        if worker_class not in ("sync", "gthread") or not workers.isdigit():
+        if worker_class not in SERVER_CLASSES or not workers.isdigit():
             raise argparse.ArgumentTypeError(
-                f"{text!r}: use sync:WORKERS or gthread:WORKERSxTHREADS"
+                f"{text!r}: use sync:WORKERS, gthread:WORKERSxTHREADS or granian:WORKERSxTHREADS"
             )
         if worker_class == "sync" and threads:
             raise argparse.ArgumentTypeError(f"{text!r}: sync workers have one thread each")
@@ -95,9 +114,24 @@ class ServerConfig:
     def __str__(self) -> str:
         if self.worker_class == "sync":
             return f"sync, {self.workers} workers"
+        if self.worker_class == "granian":
+            return f"granian, {self.workers} workers x {self.threads} threads"
         return f"gthread, {self.workers} workers x {self.threads} threads"
 
     def command(self, port: int) -> list[str]:
+        if self.worker_class == "granian":
+            # The WSGI interface; one Rust runtime thread per worker does the HTTP work, the
+            # blocking threads run Django. No websockets, no access log (granian's default), as
+            # gunicorn runs here.
+            return [
+                sys.executable, "-m", "granian", "broker.wsgi:application",
+                "--interface", "wsgi",
+                "--host", HOST, "--port", str(port),
+                "--workers", str(self.workers),
+                "--blocking-threads", str(self.threads),
+                "--no-ws",
+                "--log-level", "warning",
+            ]  # fmt: skip
         return [
             sys.executable, "-m", "gunicorn", "broker.wsgi",
             "--bind", f"{HOST}:{port}",
@@ -117,7 +151,8 @@ class LoadResult:
     elapsed: float = 0.0
     client_cpu: float = 0.0
     server_cpu: float = 0.0
-    database_cpu: float = 0.0
+    database_cpu: float = 0.0  # the benchmark database's backends, and the shared ones
+    pgbench: PgbenchResult | None = None  # PostgreSQL alone, same statements, same run
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -219,15 +254,30 @@ def free_port() -> int:
 
 
 @contextmanager
-def gunicorn(config: ServerConfig, env: dict[str, str]) -> Iterator[tuple[int, int]]:
-    """gunicorn serving the broker: yields (port, master pid); stopped on exit."""
+def web_server(config: ServerConfig, env: dict[str, str]) -> Iterator[tuple[int, int]]:
+    """gunicorn or granian serving the broker: yields (port, pid of the process started, which
+    leads a session of its own with every worker in it); stopped on exit. Its output (the
+    broker's access log, a line per request) goes to a file, as in production to a collector,
+    and its end is printed if the server fails."""
     port = free_port()
-    process = subprocess.Popen(config.command(port), cwd=ROOT, env=env, start_new_session=True)  # noqa: S603
-    try:
-        wait_until_serving(port, process)
-        yield port, process.pid
-    finally:
-        stop(process)
+    with tempfile.TemporaryFile() as output:
+        process = subprocess.Popen(  # noqa: S603
+            config.command(port),
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until_serving(port, process)
+            yield port, process.pid
+        except BaseException:
+            output.seek(max(0, output.seek(0, os.SEEK_END) - 4000))
+            print(output.read().decode(errors="replace"), file=sys.stderr)
+            raise
+        finally:
+            stop(process)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -245,21 +295,21 @@ def wait_until_serving(port: int, process: subprocess.Popen[bytes], timeout: flo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {process.returncode}")
+            raise RuntimeError(f"the server exited with {process.returncode}")
         try:
             with urllib.request.urlopen(f"http://{HOST}:{port}/_status", timeout=2) as answer:
                 if answer.status == 200:
                     return
         except OSError:  # refused, reset or timed out (URLError is one too): not up yet
             time.sleep(0.2)
-    raise RuntimeError("gunicorn did not answer /_status in time")
+    raise RuntimeError("the server did not answer /_status in time")
 
 
 # --- CPU accounting from /proc (Linux) ----------------------------------------------------
 
 
 def process_table() -> list[tuple[int, int, str, float]]:
-    """(pid, parent pid, command, CPU seconds) of every process we can read."""
+    """(pid, session id, command, CPU seconds, all its threads) of every process we can read."""
     ticks = os.sysconf("SC_CLK_TCK")
     rows = []
     for entry in Path("/proc").iterdir():
@@ -271,16 +321,18 @@ def process_table() -> list[tuple[int, int, str, float]]:
             continue
         command = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        # fields[1] is the parent pid; fields[11], fields[12] are utime and stime (man 5 proc).
+        # fields[3] is the session id; fields[11], fields[12] are utime and stime (man 5 proc).
         cpu = (int(fields[11]) + int(fields[12])) / ticks
-        rows.append((int(entry.name), int(fields[1]), command, cpu))
+        rows.append((int(entry.name), int(fields[3]), command, cpu))
     return rows
 
 
-def cpu_seconds(master: int) -> tuple[float, float]:
-    """CPU used so far by gunicorn (master and workers) and by every PostgreSQL process."""
+def cpu_seconds(leader: int) -> tuple[float, float]:
+    """CPU used so far by the server (every process of the session it was started in: gunicorn's
+    master and workers, granian's and its workers, all their threads) and by every PostgreSQL
+    process (other databases' work on the same server included)."""
     table = process_table()
-    server = sum(cpu for pid, ppid, _, cpu in table if master in (pid, ppid))
+    server = sum(cpu for _, session, _, cpu in table if session == leader)
     database = sum(cpu for _, _, command, cpu in table if command.startswith("postgres"))
     return server, database
 
@@ -426,7 +478,12 @@ def own_database_cpu() -> float:
     """CPU used so far by the PostgreSQL processes that serve the benchmark's database (its
     backends, and the background writers every database shares), not by other databases' work
     on the same server (a CI run, tests)."""
-    total = 0.0
+    return sum(own_database_processes().values())
+
+
+def own_database_processes() -> dict[int, float]:
+    """CPU seconds so far of each process own_database_cpu() counts, by pid."""
+    own = {}
     for pid, _, command, cpu in process_table():
         if not command.startswith("postgres"):
             continue
@@ -438,8 +495,8 @@ def own_database_cpu() -> float:
             f" {PG_USER} " in title and "(" in title
         )  # "postgres: 15/main: user db host(port)"
         if not backend or f" {DATABASE} " in title:
-            total += cpu
-    return total
+            own[pid] = cpu
+    return own
 
 
 def load(
@@ -456,29 +513,46 @@ def load(
 
 def run(config: ServerConfig, args: argparse.Namespace) -> LoadResult:
     command = " ".join(config.command(0)[1:]).replace(f"{HOST}:0", f"{HOST}:<free port>")
+    command = command.replace("--port 0", "--port <free port>")
     print(f"\n== {config}: python {command}", flush=True)
     with fresh_database() as database_url:
         env = broker_environment(database_url)
         prepare_broker(env, args.channels)
-        with gunicorn(config, env) as (port, master):
+        with web_server(config, env) as (port, master):
             load(port, args, args.warmup, 60, "w")
             server_before, database_before = cpu_seconds(master)
             client_before, own_before = time.process_time(), own_database_cpu()
-            result = load(port, args, args.messages, args.duration, "b")
-            own_cpu = own_database_cpu() - own_before
+            with profiled(master, args.profile):
+                result = load(port, args, args.messages, args.duration, "b")
+            result.database_cpu = own_database_cpu() - own_before
             result.client_cpu = time.process_time() - client_before
             server_after, database_after = cpu_seconds(master)
             result.server_cpu = server_after - server_before
-            result.database_cpu = database_after - database_before
+            every_database = database_after - database_before
         messages, jobs = stored_counts(database_url)
-    report(result)
-    per_message = 1e6 / result.accepted if result.accepted else math.nan  # microseconds
-    print(
-        f"CPU us per message: gunicorn {result.server_cpu * per_message:.1f}"
-        f"  postgres {result.database_cpu * per_message:.1f}"
-        f" ({own_cpu * per_message:.1f} of it for {DATABASE}; the rest is other databases' work)"
-        f"  client {result.client_cpu * per_message:.1f}"
-    )
+        report(result)
+        per_message = 1e6 / result.accepted if result.accepted else math.nan  # microseconds
+        print(
+            f"CPU us per message: server {result.server_cpu * per_message:.1f}"
+            f"  postgres {result.database_cpu * per_message:.1f} for {DATABASE}"
+            f" ({every_database * per_message:.1f} with other databases' work on the server)"
+            f"  client {result.client_cpu * per_message:.1f}"
+        )
+        judge(result, args)
+        verified = messages == result.accepted and jobs == result.accepted
+        print(
+            f"stored: {messages} messages, {jobs} jobs for {result.accepted} accepted"
+            f" -> {'OK' if verified else 'MISMATCH'}"
+        )
+        if not verified:
+            raise SystemExit("the database does not hold exactly what was accepted")
+        if args.pgbench and not args.batch:
+            seconds = max(5, round(result.elapsed))  # as long as the HTTP phase took
+            result.pgbench = postgres_alone(env, database_url, args.clients, seconds)
+    return result
+
+
+def judge(result: LoadResult, args: argparse.Namespace) -> None:
     if args.batch:
         verdict = "met" if result.rate >= BATCH_TARGET_RATE else "NOT met"
         print(f"batch target >= {BATCH_TARGET_RATE} messages/s: {verdict}")
@@ -486,14 +560,58 @@ def run(config: ServerConfig, args: argparse.Namespace) -> LoadResult:
         met = result.rate >= TARGET_RATE and 1000 * result.percentile(0.99) <= TARGET_P99_MS
         verdict = "met" if met else "NOT met"
         print(f"target >= {TARGET_RATE} messages/s with p99 <= {TARGET_P99_MS} ms: {verdict}")
-    verified = messages == result.accepted and jobs == result.accepted
+
+
+def postgres_alone(
+    env: dict[str, str], database_url: str, clients: int, seconds: int
+) -> PgbenchResult:
+    """pgbench replaying what one real broadcast sends (ingest_pgbench.py), with the server
+    stopped, over as many connections as there were clients and as long as the HTTP phase; its
+    rows checked (one message and one job per transaction) and deleted."""
+    tokens = {
+        "X-Broker-Channel-Token": CHANNEL_TOKEN,
+        "X-Broker-Producer-ID": PRODUCER_ID,
+        "X-Broker-Producer-Token": PRODUCER_TOKEN,
+    }
+    statements = captured_statements(env, "bench-0", tokens, PAYLOAD)
+    first_lines = "; ".join(" ".join(s.sql.split())[:60] + "…" for s in statements)
+    print(f"pgbench: the broadcast's {len(statements)} statement(s): {first_lines}", flush=True)
+    bench = run_pgbench(database_url, statements, clients, seconds, own_database_processes)
+    per_transaction = 1000 / bench.transactions if bench.transactions else math.nan
+    verified = bench.failed == 0 and bench.stored == (bench.transactions, bench.transactions)
     print(
-        f"stored: {messages} messages, {jobs} jobs for {result.accepted} accepted"
-        f" -> {'OK' if verified else 'MISMATCH'}"
+        f"pgbench -M prepared -c {clients} -j 2 -T {seconds}:"
+        f" {bench.transactions} transactions, {bench.failed} failed, {bench.tps:.0f} tps;"
+        f" CPU ms per transaction: postgres {bench.database_cpu * per_transaction:.2f}"
+        f"  pgbench {bench.client_cpu * per_transaction:.2f}\n"
+        f"stored: {bench.stored[0]} messages, {bench.stored[1]} jobs for {bench.transactions}"
+        f" transactions -> {'OK' if verified else 'MISMATCH'} (deleted afterwards)",
+        flush=True,
     )
     if not verified:
-        raise SystemExit("the database does not hold exactly what was accepted")
-    return result
+        raise SystemExit("pgbench did not insert exactly one message and one job per transaction")
+    return bench
+
+
+@contextmanager
+def profiled(leader: int, out: Path | None) -> Iterator[None]:
+    """py-spy sampling the server's processes (all of them, 100 times a second, only threads
+    holding the GIL, as the dispatcher's profile does) while the block runs, its raw samples
+    written to `out`: bench/ingest_profile.py sorts them by step."""
+    if out is None:
+        yield
+        return
+    command = [
+        str(Path(sys.executable).parent / "py-spy"), "record", "--subprocesses", "--gil",
+        "-r", "100", "-f", "raw", "-o", str(out), "-p", str(leader),
+    ]  # fmt: skip
+    spy = subprocess.Popen(command, stdout=subprocess.DEVNULL)  # noqa: S603
+    time.sleep(2)  # attached to every process
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+        spy.wait(timeout=60)
 
 
 def report(result: LoadResult) -> None:
@@ -506,7 +624,7 @@ def report(result: LoadResult) -> None:
         f"  p95 {1000 * result.percentile(0.95):.1f}"
         f"  p99 {1000 * result.percentile(0.99):.1f}"
         f"  max {1000 * max(result.latencies, default=math.nan):.1f}\n"
-        f"CPU ms per message: gunicorn {result.server_cpu * per_message:.2f}"
+        f"CPU ms per message: server {result.server_cpu * per_message:.2f}"
         f"  postgres {result.database_cpu * per_message:.2f}"
         f"  client {result.client_cpu * per_message:.2f}",
         flush=True,
@@ -525,11 +643,22 @@ def main() -> None:
     parser.add_argument(
         "--batch", type=int, default=0, help="messages per POST …/broadcast-batch (0: broadcast)"
     )
+    parser.add_argument(
+        "--pgbench",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after each server, pgbench replays a real broadcast's statements (not with --batch)",
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy raw samples of the server's measured phase to FILE"
+    )
     args = parser.parse_args()
     configs = list(args.server)
     if args.compare:
         configs += [ServerConfig.parse(text) for text in CANDIDATES]
     configs = configs or [ServerConfig.parse(DEFAULT_SERVER)]
+    if args.profile and len(configs) > 1:
+        parser.error("--profile samples one server: give one --server (or none)")
     print(f"ingest benchmark, {machine()}")
     if args.batch:
         print(f"batch broadcasts of {args.batch} messages; latencies are per request")
@@ -539,14 +668,34 @@ def main() -> None:
         f" up to {args.messages} messages or {args.duration:g} s"
     )
     results = [(config, run(config, args)) for config in configs]
-    if len(results) > 1:
-        print("\nserver                           msg/s   p50 ms  p95 ms  p99 ms  errors")
-        for config, result in results:
-            print(
-                f"{config!s:32} {result.rate:6.0f}  {1000 * result.percentile(0.5):6.1f}"
-                f"  {1000 * result.percentile(0.95):6.1f}  {1000 * result.percentile(0.99):6.1f}"
-                f"  {sum(result.errors.values())}"
-            )
+    if len(results) > 1 or args.pgbench:
+        summary(results)
+
+
+def summary(results: list[tuple[ServerConfig, LoadResult]]) -> None:
+    """The run's table: each server beside PostgreSQL alone measured right after it."""
+    print(
+        "\nserver                          msg/s  p50 ms  p99 ms  err"
+        "  CPU ms/msg srv/pg/cli  pgbench tps  pg CPU ms/tx  broker/pgbench"
+    )
+    for config, result in results:
+        per_message = 1000 / result.accepted if result.accepted else math.nan
+        cpu = "/".join(
+            f"{seconds * per_message:.2f}"
+            for seconds in (result.server_cpu, result.database_cpu, result.client_cpu)
+        )
+        bench = result.pgbench
+        alone = (
+            f"{bench.tps:11.0f}  {1000 * bench.database_cpu / bench.transactions:12.2f}"
+            f"  {100 * result.rate / bench.tps:13.0f} %"
+            if bench and bench.transactions
+            else f"{'-':>11}  {'-':>12}  {'-':>15}"
+        )
+        print(
+            f"{config!s:31} {result.rate:6.0f}  {1000 * result.percentile(0.5):6.1f}"
+            f"  {1000 * result.percentile(0.99):6.1f}  {sum(result.errors.values()):3}"
+            f"  {cpu:>21}  {alone}"
+        )
 
 
 if __name__ == "__main__":

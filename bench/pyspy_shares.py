@@ -47,29 +47,37 @@ def is_start_up(stack: str) -> bool:
     return not running or "_find_and_load" in stack or "exec_module" in stack
 
 
-def shares(lines: list[str]) -> tuple[Counter[str], int, int]:
-    """Samples per step, steady samples, start-up samples."""
+def shares(
+    lines: list[str],
+    steps: list[tuple[str, Callable[[str], bool]]] = STEPS,
+    start_up: Callable[[str], bool] = is_start_up,
+) -> tuple[Counter[str], int, int]:
+    """Samples per step, steady samples, start-up samples (the dispatcher's steps unless others
+    are given: bench/ingest_profile.py gives the broadcast path's)."""
     counts: Counter[str] = Counter()
-    steady = start_up = 0
+    steady = left_out = 0
     for line in lines:
         stack, _, samples = line.rstrip().rpartition(" ")
-        if is_start_up(stack):
-            start_up += int(samples)
+        if start_up(stack):
+            left_out += int(samples)
             continue
         steady += int(samples)
-        step = next((name for name, matches in STEPS if matches(stack)), "other")
+        step = next((name for name, matches in steps if matches(stack)), "other")
         counts[step] += int(samples)
-    return counts, steady, start_up
+    return counts, steady, left_out
+
+
+def print_shares(counts: Counter[str], steady: int, start_up: int) -> None:
+    for step, samples in counts.most_common():
+        print(f"{100 * samples / steady:5.1f} %  {step}")
+    print(f"{steady} samples while running, {start_up} of start-up left out")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile", type=Path, help="py-spy record -f raw output")
     args = parser.parse_args()
-    counts, steady, start_up = shares(args.profile.read_text().splitlines())
-    for step, samples in counts.most_common():
-        print(f"{100 * samples / steady:5.1f} %  {step}")
-    print(f"{steady} samples while running, {start_up} of start-up left out")
+    print_shares(*shares(args.profile.read_text().splitlines()))
 
 
 if __name__ == "__main__":
