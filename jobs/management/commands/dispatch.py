@@ -18,7 +18,7 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """BROKER_DISPATCH_EVENT_LOOP's loop; None for asyncio's own."""
     if broker_settings.BROKER_DISPATCH_EVENT_LOOP == "uvloop":
         # libuv's loop: about a fifth of the dispatcher's CPU was asyncio's own (selector,
-        # callbacks, transports), docs/performance.md "Delivery: the event loop".
+        # callbacks, transports), docs/performance.md "Delivery: the event loop (issue 18)".
         import uvloop  # not on Windows: BROKER_DISPATCH_EVENT_LOOP=asyncio there
 
         return uvloop.new_event_loop
