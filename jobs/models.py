@@ -112,12 +112,6 @@ class Job(models.Model):
             models.UniqueConstraint(fields=["message", "consumer"], name="job_per_consumer_unique"),
         ]
         indexes = [
-            # Dispatcher claim: QUEUED jobs due now, ORDER BY priority DESC, next_attempt_at.
-            models.Index(
-                fields=["-priority", "next_attempt_at"],
-                condition=Q(status=QUEUED),
-                name="job_due_idx",
-            ),
             # Pull queued-jobs and claim of one consumer: priority desc, then oldest (lowest id)
             # first; also per-consumer queue depth.
             models.Index(
