@@ -42,7 +42,7 @@ EXPECTED_KINDS = {
     "BROKER_PUBLIC_METRICS": Flag(),
     "BROKER_ALLOW_PRIVATE_CALLBACKS": Flag(),
     "BROKER_DELIVERY_TIMEOUT_SECONDS": Integer(minimum=1),
-    "BROKER_DISPATCH_EVENT_LOOP": Choice(("uvloop", "asyncio")),
+    "BROKER_DISPATCH_EVENT_LOOP": Choice(("asyncio", "uvloop")),
     "BROKER_CONSUMER_TOKEN_HEADER": Text(),
     "BROKER_DELIVERY_USER_AGENT": Text(),
     "BROKER_RATIONAL_DELAY_SECONDS": Integer(minimum=0),

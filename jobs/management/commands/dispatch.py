@@ -17,8 +17,9 @@ from jobs.queue import listen_for_jobs
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """BROKER_DISPATCH_EVENT_LOOP's loop; None for asyncio's own."""
     if broker_settings.BROKER_DISPATCH_EVENT_LOOP == "uvloop":
-        # libuv's loop: about a fifth of the dispatcher's CPU was asyncio's own (selector,
-        # callbacks, transports), docs/performance.md "Delivery: the event loop (issue 18)".
+        # libuv's loop, for trying it: asyncio's own work (selector, callbacks, transports) is a
+        # fifth of the dispatcher's CPU, but the drain measured no steady gain from uvloop
+        # (docs/performance.md "Delivery: the event loop (issue 18)").
         import uvloop  # not on Windows: BROKER_DISPATCH_EVENT_LOOP=asyncio there
 
         return uvloop.new_event_loop
