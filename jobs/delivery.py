@@ -209,18 +209,15 @@ def answered(
 ) -> AttemptResult:
     """An attempt the consumer answered, timed from `started` (perf_counter): 2xx or not."""
     ok = 200 <= status < 300
-    return AttemptResult(
-        request.job_id,
-        request.attempt,
-        request.consumer_id,
+    return _result(
+        request,
         started_at,
-        (time.perf_counter() - started) * 1000,
+        _elapsed_ms(started),
         status_code=status,
         error_class="" if ok else "http-status",
         error="" if ok else f"HTTP {status}",
         response_excerpt=excerpt,
         retry_after=retry_after,
-        names=request.names,
     )
 
 
@@ -228,16 +225,26 @@ def ended(
     request: DeliveryRequest, started_at: datetime, started: float, error_class: str, error: str
 ) -> AttemptResult:
     """An attempt that ended without an answer after it was started (perf_counter)."""
+    return _result(request, started_at, _elapsed_ms(started), error_class=error_class, error=error)
+
+
+def _result(
+    request: DeliveryRequest, started_at: datetime, duration_ms: float, **outcome: Any
+) -> AttemptResult:
+    """`request`'s attempt: its job, consumer and names, with `outcome`'s AttemptResult fields."""
     return AttemptResult(
         request.job_id,
         request.attempt,
         request.consumer_id,
         started_at,
-        (time.perf_counter() - started) * 1000,
-        error_class=error_class,
-        error=error,
+        duration_ms,
         names=request.names,
+        **outcome,
     )
+
+
+def _elapsed_ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
 
 
 async def _deliver_stored(
@@ -295,16 +302,7 @@ async def chunks_of(file: File[bytes], on_sent: Callable[[], None] | None) -> As
 
 def unanswered(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
     """An attempt that ended without an answer, before or while the request was made."""
-    return AttemptResult(
-        request.job_id,
-        request.attempt,
-        request.consumer_id,
-        datetime.now(UTC),
-        0.0,
-        error_class=error_class,
-        error=error,
-        names=request.names,
-    )
+    return _result(request, datetime.now(UTC), 0.0, error_class=error_class, error=error)
 
 
 class ReportingBody(BytesPayload):

@@ -8,21 +8,13 @@ from django.db import migrations
 class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            _concurrently_on_postgres(schema_editor.add_index, model, self.index)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            _concurrently_on_postgres(schema_editor.remove_index, model, self.index)
 
 
 class RemoveIndexConcurrentlyOnPostgres(migrations.RemoveIndex):
@@ -30,20 +22,21 @@ class RemoveIndexConcurrentlyOnPostgres(migrations.RemoveIndex):
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            _concurrently_on_postgres(schema_editor.remove_index, model, index)
 
     def database_backwards(self, app_label, schema_editor, from_state, to_state):
         model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.add_index(model, index, concurrently=True)
-        else:
-            schema_editor.add_index(model, index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            _concurrently_on_postgres(schema_editor.add_index, model, index)
+
+
+def _concurrently_on_postgres(change, model, index):
+    """`change` (the schema editor's add_index or remove_index), CONCURRENTLY on PostgreSQL: only
+    PostgreSQL's schema editor takes the argument."""
+    if change.__self__.connection.vendor == "postgresql":
+        change(model, index, concurrently=True)
+    else:
+        change(model, index)
