@@ -85,13 +85,13 @@ async def _chunks(file: IO[bytes], on_first: Callable[[], None] | None) -> Async
 
 
 class Aiohttp(Adapter):
-    pin_how = "a resolver of the session's connector (jobs/delivery.py: SafeResolver)"
+    pin_how = "a resolver of the session's connector (jobs/aiohttp_delivery.py: SafeResolver)"
     cannot_guard = (
         "yes, by resolution: SafeResolver drops non-public addresses and aiohttp connects only to"
         " what it returned; IP literals are judged by check_delivery_url (tests/reliability)"
     )
     can_guard = False
-    stream_how = "an async generator with Content-Length (jobs/delivery.py)"
+    stream_how = "an async generator with Content-Length (jobs/aiohttp_delivery.py)"
     signal_how = "the body object's write (ReportingBody)"
 
     def __init__(self) -> None:
@@ -118,7 +118,7 @@ class Aiohttp(Adapter):
         )
 
     async def send(self, url: str, body: bytes, timeout: float, **options: Any) -> Attempt:
-        from jobs.delivery import ReportingBody
+        from jobs.aiohttp_delivery import ReportingBody
 
         if options["pin"]:
             host, _, address = options["pin"]

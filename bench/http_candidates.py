@@ -72,17 +72,21 @@ class _Base:
 
 
 class AiohttpDeliver(_Base):
-    """The dispatcher's own sender: jobs/delivery.py's `deliver()` and `delivery_session()`."""
+    """The dispatcher's sender on aiohttp: jobs/delivery.py's `deliver()` over
+    jobs/aiohttp_delivery.py's session and POST (BROKER_DISPATCH_HTTP_CLIENT=aiohttp)."""
 
     def __init__(self, workload: Workload, width: int) -> None:
         super().__init__(workload)
         import django
 
         django.setup()
-        from jobs import delivery
+        import functools
+
+        from jobs import aiohttp_delivery, delivery
 
         self.delivery = delivery
-        self.session = delivery.delivery_session(width)
+        self.session = aiohttp_delivery.delivery_session(width)
+        self.post = functools.partial(aiohttp_delivery.post, self.session)
         self.sent: set[int] = set()
         self.requests = [
             delivery.DeliveryRequest(index, 1, 1, workload.url, headers, BODY)
@@ -92,7 +96,7 @@ class AiohttpDeliver(_Base):
     async def send(self, index: int) -> bool:
         request = self.requests[index]
         result = await self.delivery.deliver(
-            self.session, request, self.workload.timeout, on_sent=lambda: self.sent.add(index)
+            self.post, request, self.workload.timeout, on_sent=lambda: self.sent.add(index)
         )
         self.sent.discard(index)  # as the dispatcher's `_send` does
         return result.succeeded or self.failed(result.error)
@@ -122,20 +126,23 @@ class AiohttpPost(AiohttpDeliver):
 
 
 class PycurlDeliver(AiohttpDeliver):
-    """The prototype sender on libcurl: jobs/curl_delivery.py's `deliver()`, the same requests
-    in and results out as jobs/delivery.py's, with the address guard on every connection."""
+    """The dispatcher's sender on libcurl (its default): jobs/delivery.py's `deliver()` over
+    jobs/curl_delivery.py's POST, with the address guard on every connection."""
 
     def __init__(self, workload: Workload, width: int) -> None:
         super().__init__(workload, width)
-        from jobs import curl_delivery
+        import functools
 
-        self.curl_delivery = curl_delivery
-        self.multi = curl_delivery.curl_session(width, workload.timeout)
+        from jobs import curl_delivery
+        from jobs.curl_multi import CurlMulti
+
+        self.multi = CurlMulti(width, workload.timeout, allow_address=curl_delivery.allowed_address)
+        self.curl_post = functools.partial(curl_delivery.post, self.multi)
 
     async def send(self, index: int) -> bool:
         request = self.requests[index]
-        result = await self.curl_delivery.deliver(
-            self.multi, request, self.workload.timeout, on_sent=lambda: self.sent.add(index)
+        result = await self.delivery.deliver(
+            self.curl_post, request, self.workload.timeout, on_sent=lambda: self.sent.add(index)
         )
         self.sent.discard(index)
         return result.succeeded or self.failed(result.error)

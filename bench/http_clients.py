@@ -9,11 +9,12 @@ broker's IDs) to bench/webhook_sink.py on 127.0.0.1, over keep-alive connections
 client and concurrency, requests/s, the client process's CPU per request and the requests that
 failed, and checks with the receiver's count that every measured request arrived.
 
-    aiohttp-deliver  jobs/delivery.py's own `deliver()` through its `delivery_session()`: what the
-                     dispatcher runs (address guard, no redirects, timeout, excerpt, sent signal)
+    aiohttp-deliver  jobs/delivery.py's `deliver()` over jobs/aiohttp_delivery.py: what the
+                     dispatcher runs with BROKER_DISPATCH_HTTP_CLIENT=aiohttp (address guard, no
+                     redirects, timeout, excerpt, sent signal)
     aiohttp          the same session, `session.post` alone, without `deliver()` around it
-    pycurl-deliver   the prototype sender on libcurl, jobs/curl_delivery.py's `deliver()`: the
-                     same requests in and results out as jobs/delivery.py's, same guarantees
+    pycurl-deliver   jobs/delivery.py's `deliver()` over jobs/curl_delivery.py: what the
+                     dispatcher runs by default (libcurl), same requests, results and guarantees
     pycurl           libcurl's multi interface on the asyncio loop (jobs/curl_multi.py) alone
     curl-cffi        curl_cffi's AsyncSession (libcurl, its own asyncio driver)
     pyreqwest        pyreqwest's async Client (Rust reqwest/hyper on a Tokio thread)

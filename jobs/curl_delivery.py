@@ -1,7 +1,7 @@
-"""A prototype of jobs/delivery.py's `deliver` on libcurl (pycurl's multi interface on the loop,
-jobs/curl_multi.py), for issue 18: same requests in, same `AttemptResult` out, same guarantees,
-1.6-1.9 times less CPU per delivery in bench/http_clients.py. The dispatcher does not use it; see
-docs/performance.md, "Delivery: HTTP clients compared (issue 18)", for what switching would take.
+"""Deliveries over libcurl (BROKER_DISPATCH_HTTP_CLIENT=libcurl, the default): pycurl's multi
+interface on the running loop (jobs/curl_multi.py), for jobs/delivery.py's `deliver`. It does the
+HTTP work in C: 1.6-1.9 times less CPU per request than aiohttp in bench/http_clients.py
+(docs/performance.md, "Delivery: HTTP clients compared (issue 18)").
 
 What it keeps, and how:
 
@@ -18,52 +18,51 @@ What it keeps, and how:
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import functools
 import time
-import traceback
-from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from ipaddress import ip_address
+from urllib.parse import urlsplit
 
 import pycurl  # type: ignore[import-untyped,import-not-found,unused-ignore]
+from django.core.files import File
 
 from broker.conf import broker_settings
-from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 from consumers.safety import UnsafeCallback, check_delivery_url, is_public_address
 from jobs.curl_multi import Answer, CurlMulti
 from jobs.delivery import (
-    REQUEST_ERROR,
-    STORAGE_ERROR,
     AttemptResult,
     DeliveryRequest,
-    StoredBody,
+    Post,
     answered,
-    attempt_span,
     chunks_of,
-    describe_error,
     ended,
-    open_and_sign,
-    retry_after_seconds,
+    retry_after_of,
     storable_text,
-    unanswered,
 )
-
-logger = logging.getLogger(__name__)
 
 # Sent with every request: what it reads, it reads as sent; no 100-continue round trip before a
 # large body (aiohttp sends none either).
-FIXED_HEADERS = ["Accept-Encoding: identity", "Expect:"]
+FIXED_HEADERS = [b"Accept-Encoding: identity", b"Expect:"]
 
 
-def curl_session(concurrency: int, timeout: float) -> CurlMulti:
-    """The libcurl multi handle deliveries go through: up to `concurrency` kept-alive connections,
-    every new connection's address judged by the guard."""
-    return CurlMulti(concurrency, timeout, allow_address=_allowed_address)
+@asynccontextmanager
+async def curl_post(concurrency: int, pinned: Sequence[str] = ()) -> AsyncIterator[Post]:
+    """The POST of deliveries over one libcurl multi handle keeping up to `concurrency`
+    connections alive, every new connection's address judged by the guard. `pinned` names'
+    addresses ("host:port:address", libcurl's CURLOPT_RESOLVE) are for tests that play DNS."""
+    timeout = float(broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS)  # each POST passes its own
+    session = CurlMulti(concurrency, timeout, allow_address=allowed_address, pinned=pinned)
+    try:
+        yield functools.partial(post, session)
+    finally:
+        session.close()
 
 
-def _allowed_address(ip: str) -> bool:
+def allowed_address(ip: str) -> bool:
+    """The address guard, judging an address libcurl is about to connect to."""
     if broker_settings.BROKER_ALLOW_PRIVATE_CALLBACKS:
         return True
     try:
@@ -72,46 +71,13 @@ def _allowed_address(ip: str) -> bool:
         return False
 
 
-async def deliver(
-    session: CurlMulti,
-    request: DeliveryRequest,
-    timeout: float,
-    on_sent: Callable[[], None] | None = None,
-) -> AttemptResult:
-    """Send one webhook and describe what happened; never raises (but when cancelled). As
-    jobs/delivery.py's `deliver`, with its span when tracing is on."""
-    with attempt_span(request) as span:
-        if span.headers:
-            request = replace(request, headers={**request.headers, **span.headers})
-        result = await _deliver(session, request, timeout, on_sent)
-        span.record(result.status_code, result.error_class, result.error)
-        return result
-
-
-async def _deliver(
-    session: CurlMulti,
-    request: DeliveryRequest,
-    timeout: float,
-    on_sent: Callable[[], None] | None,
-) -> AttemptResult:
-    try:
-        if request.stored is not None:
-            return await _deliver_stored(session, request, request.stored, timeout, on_sent)
-        return await _post(session, request, request.headers, timeout, on_sent, None)
-    except Exception as exc:  # a bug of ours: this attempt's failure, never the dispatcher's end
-        frames = "".join(traceback.format_tb(exc.__traceback__))
-        error = describe_error(exc)
-        logger.error("delivery of job %s failed: %s\n%s", request.job_id, error, frames)
-        return unanswered(request, REQUEST_ERROR, f"the request failed: {error}")
-
-
-async def _post(
+async def post(
     session: CurlMulti,
     request: DeliveryRequest,
     headers: dict[str, str],
+    body: bytes | File[bytes],
     timeout: float,
     on_sent: Callable[[], None] | None,
-    stream: tuple[AsyncIterator[bytes], int] | None,
 ) -> AttemptResult:
     started_at = datetime.now(UTC)
     started = time.perf_counter()
@@ -119,42 +85,37 @@ async def _post(
         check_delivery_url(request.url)  # local names, before libcurl resolves anything
     except UnsafeCallback as exc:
         return ended(request, started_at, started, "unsafe-callback", str(exc))
-    chunks, size = stream or (None, 0)
+    stream: AsyncIterator[bytes] | None = None
+    if isinstance(body, File):  # libcurl sends Content-Length from the size it is given
+        stream, size, body = chunks_of(body), body.size, b""
     answer = await session.post(
         request.url,
         header_lines(headers),
-        request.body,
+        body,
         on_sent,
-        stream=chunks,
-        size=size,
+        stream=stream,
+        size=size if stream else 0,
         timeout=timeout,
     )
     if answer.error_code:
         error_class, error = _error_of(answer, request.url, timeout)
         return ended(request, started_at, started, error_class, error)
     status = answer.status
-    return answered(
-        request,
-        started_at,
-        started,
-        status,
-        storable_text(answer.excerpt.decode("utf-8", errors="replace")),
-        _retry_after(answer) if status in (429, 503) else None,
-    )
+    excerpt = storable_text(answer.excerpt.decode("utf-8", errors="replace"))
+    return answered(request, started_at, started, status, excerpt, _retry_after(answer))
 
 
-def header_lines(headers: dict[str, str]) -> list[str]:
-    """libcurl's header lines. "Name;" sends an empty header: "Name:" would remove it."""
+def header_lines(headers: dict[str, str]) -> list[bytes]:
+    """libcurl's header lines, in UTF-8 as aiohttp sends them (a kept metadata header's value may
+    be any text). "Name;" sends an empty header: "Name:" would remove it."""
     lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers.items()]
-    return lines + FIXED_HEADERS
+    return [line.encode() for line in lines] + FIXED_HEADERS
 
 
 def _error_of(answer: Answer, url: str, timeout: float) -> tuple[str, str]:
     if answer.refused:
-        host = answer.refused
-        return "unsafe-callback", str(
-            UnsafeCallback(host, f"it resolves to the non-public address {host}")
-        )
+        reason = f"it resolves to the non-public address {answer.refused}"
+        return "unsafe-callback", str(UnsafeCallback(urlsplit(url).hostname, reason))
     if answer.error_code == pycurl.E_OPERATION_TIMEDOUT:
         return "timeout", f"no answer within {timeout:g} s"
     # libcurl's messages name the host and port, never the URL's userinfo or query.
@@ -162,33 +123,9 @@ def _error_of(answer: Answer, url: str, timeout: float) -> tuple[str, str]:
 
 
 def _retry_after(answer: Answer) -> float | None:
+    value = None
     for line in answer.header_lines:
-        name, _, value = line.partition(b":")
+        name, _, text = line.partition(b":")
         if name.strip().lower() == b"retry-after":
-            return retry_after_seconds(value.decode("latin-1"), time.time())
-    return None
-
-
-async def _deliver_stored(
-    session: CurlMulti,
-    request: DeliveryRequest,
-    stored: StoredBody,
-    timeout: float,
-    on_sent: Callable[[], None] | None,
-) -> AttemptResult:
-    """An offloaded payload: signed in one pass over the file, then streamed from it, storage
-    I/O in worker threads (as jobs/delivery.py does)."""
-    try:
-        file, file_headers = await asyncio.to_thread(open_and_sign, stored)
-    except PayloadMissing as exc:
-        return unanswered(request, PAYLOAD_MISSING, str(exc))
-    except Exception as exc:  # each storage backend raises its own
-        logger.warning("cannot read offloaded payload %s: %s", stored.name, describe_error(exc))
-        return unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
-    size = int(file_headers.pop("Content-Length"))  # libcurl sends it from the size it is given
-    headers = {**request.headers, **file_headers}
-    try:
-        stream = (chunks_of(file, None), size)
-        return await _post(session, request, headers, timeout, on_sent, stream)
-    finally:
-        await asyncio.to_thread(file.close)
+            value = text.decode("latin-1")
+    return retry_after_of(answer.status, value)

@@ -1,6 +1,6 @@
-"""libcurl's multi interface (pycurl) driven by the running asyncio loop: the prototype transport
-of jobs/curl_delivery.py and bench/http_clients.py, for issue 18 (measured in
-docs/performance.md, "Delivery: HTTP clients compared (issue 18)").
+"""libcurl's multi interface (pycurl) driven by the running asyncio loop: the transport of
+jobs/curl_delivery.py and bench/http_clients.py (measured in docs/performance.md, "Delivery: HTTP
+clients compared (issue 18)").
 
 libcurl does the HTTP work (connections, keep-alive, writing requests, parsing answers) in C; the
 loop only watches the sockets libcurl asks it to (CURLMOPT_SOCKETFUNCTION) and its one timer
@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +31,6 @@ import pycurl  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
 EXCERPT_BYTES = 4096
 PREREQ_OK = 0  # CURL_PREREQFUNC_OK
-# The certificate authorities Python's ssl module (and so aiohttp) trusts, rather than whatever
-# path the libcurl inside pycurl's wheel was built with. HTTPS is not exercised by the tests yet.
-TRUSTED = ssl.get_default_verify_paths()
 
 
 @dataclass
@@ -41,7 +38,9 @@ class Answer:
     """What one request ended with: a status (0: none) or libcurl's error, and what was seen."""
 
     status: int = 0
-    error_code: int = 0  # a CURLE_* code; 0 when the transfer completed (or its excerpt was cut)
+    # A CURLE_* code; 0 once the answer's status and headers were all read, whatever happened to
+    # its body after them (cut off, too slow, or its excerpt taken): that is the answer.
+    error_code: int = 0
     error: str = ""
     excerpt: bytes = b""
     header_lines: list[bytes] = field(default_factory=list)
@@ -51,7 +50,7 @@ class Answer:
 
 class _Excerpt:
     """The bounded body reader: keeps the first EXCERPT_BYTES, then ends the transfer (libcurl
-    reports CURLE_WRITE_ERROR, which `_finish` reads as "answered, excerpt cut")."""
+    reports CURLE_WRITE_ERROR, which `_finish` reads as "answered": the headers came first)."""
 
     __slots__ = ("chunks", "size")
 
@@ -111,7 +110,8 @@ class _Pending:
 class CurlMulti:
     """One libcurl multi handle on the running loop, keeping up to `connections` alive.
 
-    `allow_address(ip)` says whether a connection to `ip` may be opened (None: any)."""
+    `allow_address(ip)` says whether a connection to `ip` may be opened (None: any). `pinned`
+    names resolve to the given addresses ("host:port:address" lines, CURLOPT_RESOLVE)."""
 
     def __init__(
         self,
@@ -119,11 +119,16 @@ class CurlMulti:
         timeout: float,
         connect_timeout: float | None = None,
         allow_address: Callable[[str], bool] | None = None,
+        pinned: Sequence[str] = (),
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.timeout_ms = int(timeout * 1000)
         self.connect_timeout_ms = int((connect_timeout or timeout) * 1000)
         self.allow_address = allow_address
+        self.pinned = list(pinned)
+        # The certificate authorities Python's ssl module (and aiohttp) trusts, SSL_CERT_FILE and
+        # SSL_CERT_DIR included, rather than the paths the libcurl in pycurl's wheel was built with.
+        self.trusted = ssl.get_default_verify_paths()
         self.multi = pycurl.CurlMulti()
         self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._watch)
         self.multi.setopt(pycurl.M_TIMERFUNCTION, self._set_timer)
@@ -136,7 +141,7 @@ class CurlMulti:
     async def post(
         self,
         url: str,
-        headers: list[str],
+        headers: list[str] | list[bytes],
         body: bytes,
         on_sent: Callable[[], None] | None = None,
         *,
@@ -195,10 +200,12 @@ class CurlMulti:
         handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)  # as aiohttp speaks
         handle.setopt(pycurl.TIMEOUT_MS, self.timeout_ms)
         handle.setopt(pycurl.CONNECTTIMEOUT_MS, self.connect_timeout_ms)
-        if TRUSTED.cafile:
-            handle.setopt(pycurl.CAINFO, TRUSTED.cafile)
-        if TRUSTED.capath:
-            handle.setopt(pycurl.CAPATH, TRUSTED.capath)
+        if self.trusted.cafile:
+            handle.setopt(pycurl.CAINFO, self.trusted.cafile)
+        if self.trusted.capath:
+            handle.setopt(pycurl.CAPATH, self.trusted.capath)
+        if self.pinned:
+            handle.setopt(pycurl.RESOLVE, self.pinned)
         # Set once per handle: they find the request they serve in `_pending`.
         handle.setopt(pycurl.PREREQFUNCTION, lambda *_: self._sending(handle))
         if self.allow_address is not None:
@@ -276,7 +283,7 @@ class CurlMulti:
         answer, future = pending.answer, pending.future
         answer.status = handle.getinfo(pycurl.RESPONSE_CODE)
         answer.excerpt = b"".join(pending.excerpt.chunks)[:EXCERPT_BYTES]
-        if code and not (code == pycurl.E_WRITE_ERROR and answer.status):
+        if code and not _headers_read(answer):
             answer.error_code, answer.error = code, message
         if pending.streamed:
             handle.close()
@@ -284,3 +291,9 @@ class CurlMulti:
             self._idle.append(handle)
         if not future.done():
             future.set_result(answer)
+
+
+def _headers_read(answer: Answer) -> bool:
+    """Whether a final status line and the blank line after its headers arrived."""
+    lines = answer.header_lines
+    return answer.status >= 200 and (b"\r\n" in lines or b"\n" in lines)

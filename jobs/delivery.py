@@ -1,5 +1,7 @@
-"""The one place the broker sends webhooks: a POST with a timeout and no redirects
-(docs/dispatcher.md)."""
+"""What sending one webhook is, whichever HTTP client sends it (jobs/senders.py chooses): the
+request and the attempt's result, its span, the reading of an offloaded payload, and the rule that
+nothing a delivery meets ends anything but that attempt (docs/dispatcher.md). The clients' own
+parts are jobs/aiohttp_delivery.py and jobs/curl_delivery.py."""
 
 from __future__ import annotations
 
@@ -8,22 +10,18 @@ import calendar
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_tz
-from typing import Any
+from typing import Any, Protocol
 
-import aiohttp
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.payload import BytesPayload
 from django.core.files import File
 
 from broker import payloads, tracing
 from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 from broker.tracing import AttemptSpan, TraceContext
-from consumers.safety import SafeResolver, check_delivery_url, is_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -90,18 +88,35 @@ class AttemptResult:
         return self.status_code is not None and 200 <= self.status_code < 300
 
 
+class Post(Protocol):
+    """One HTTP client's POST of a delivery: `body` is the request's own bytes or its offloaded
+    payload's open file; `on_sent` is called as the request goes on the wire. Describes what
+    happened as an AttemptResult; may raise only for a bug, which `deliver` makes the attempt's
+    failure."""
+
+    def __call__(
+        self,
+        request: DeliveryRequest,
+        headers: dict[str, str],
+        body: bytes | File[bytes],
+        timeout: float,
+        on_sent: Callable[[], None] | None,
+    ) -> Awaitable[AttemptResult]: ...
+
+
 async def deliver(
-    session: aiohttp.ClientSession,
+    post: Post,
     request: DeliveryRequest,
     timeout: float,
     on_sent: Callable[[], None] | None = None,
 ) -> AttemptResult:
-    """Send one webhook and describe what happened; never raises (but when cancelled).
+    """Send one webhook through `post` and describe what happened; never raises (but when
+    cancelled).
 
     Whatever goes wrong inside one delivery, an exception of the HTTP client on a hostile answer
     or a bug of ours included, becomes that attempt's failure: the dispatcher's loop and the
     other deliveries of its batch never see it. `on_sent` is called as the request goes on the
-    wire (see `ReportingBody`).
+    wire: from then on the consumer may have it.
 
     With tracing on, the attempt has a span, whose trace context the request sends
     (broker/tracing.py).
@@ -109,7 +124,7 @@ async def deliver(
     with attempt_span(request) as span:
         if span.headers:
             request = replace(request, headers={**request.headers, **span.headers})
-        result = await _deliver(session, request, timeout, on_sent)
+        result = await _attempt(post, request, timeout, on_sent)
         span.record(result.status_code, result.error_class, result.error)
         return result
 
@@ -128,17 +143,16 @@ def attempt_span(request: DeliveryRequest) -> AbstractContextManager[AttemptSpan
     )
 
 
-async def _deliver(
-    session: aiohttp.ClientSession,
+async def _attempt(
+    post: Post,
     request: DeliveryRequest,
     timeout: float,
     on_sent: Callable[[], None] | None,
 ) -> AttemptResult:
     try:
         if request.stored is not None:
-            return await _deliver_stored(session, request, request.stored, timeout, on_sent)
-        data = ReportingBody(request.body, on_sent) if on_sent else request.body
-        return await _post(session, request, data, request.headers, timeout)
+            return await _attempt_stored(post, request, request.stored, timeout, on_sent)
+        return await post(request, request.headers, request.body, timeout, on_sent)
     except Exception as exc:
         # The traceback's frames, with the message as `describe_error` gives it (without the URL).
         frames = "".join(traceback.format_tb(exc.__traceback__))
@@ -147,56 +161,50 @@ async def _deliver(
         return unanswered(request, REQUEST_ERROR, f"the request failed: {error}")
 
 
-def delivery_session(concurrency: int) -> aiohttp.ClientSession:
-    """The HTTP client session deliveries go through, shared by every consumer of a dispatcher.
-
-    It keeps nothing from one request for the next that another consumer could receive: no
-    cookies (a webhook sender is no browser, and a cookie one receiver sets must never reach
-    another), no credentials (those of a callback URL go with that request alone), no redirects.
-    Answers are not decompressed: only an excerpt is kept, and a compressed body is no way to
-    make the dispatcher inflate a bomb. Names resolve through the address guard (SafeResolver);
-    the environment's proxy settings are ignored (trust_env is off), as a proxy would resolve
-    names out of the guard's sight. docs/dispatcher.md says what is shared, and why it is safe.
-    """
-    connector = aiohttp.TCPConnector(limit=concurrency, resolver=SafeResolver())
-    return aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-        headers={"Accept-Encoding": "identity"},  # what it reads, it reads as sent
-        trust_env=False,
-    )
-
-
-async def _post(
-    session: aiohttp.ClientSession,
+async def _attempt_stored(
+    post: Post,
     request: DeliveryRequest,
-    data: Any,
-    headers: dict[str, str],
+    stored: StoredBody,
     timeout: float,
+    on_sent: Callable[[], None] | None,
 ) -> AttemptResult:
-    started_at = datetime.now(UTC)
-    started = time.perf_counter()
+    """Deliver an offloaded payload: signed in one pass over the file, then streamed from it.
+
+    Storage I/O blocks, so it runs in worker threads and the event loop never waits on it; only
+    a chunk at a time is in memory. A file that is gone ends the job (`payload-missing`); any
+    other storage error is retried like a failed attempt, and neither is held against the
+    consumer (jobs/retry.py).
+    """
     try:
-        # IP literals never reach the resolver's guard, so they are judged here.
-        check_delivery_url(request.url)
-        async with session.post(
-            request.url,
-            data=data,
-            headers=headers,
-            allow_redirects=False,  # a 3xx is a failure, not somewhere else to send the payload
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as response:
-            excerpt = await _excerpt(response)
-            status, retry_after = response.status, _retry_after(response)
-    except TimeoutError:
-        error_class, error = "timeout", f"no answer within {timeout:g} s"
-    except (aiohttp.ClientError, OSError) as exc:  # OSError: refused by the address guard
-        error_class = "unsafe-callback" if is_refusal(exc) else "connection"
-        error = describe_error(exc)
-    else:
-        return answered(request, started_at, started, status, excerpt, retry_after)
-    return ended(request, started_at, started, error_class, error)
+        file, signature = await asyncio.to_thread(open_and_sign, stored)
+    except PayloadMissing as exc:
+        return unanswered(request, PAYLOAD_MISSING, str(exc))
+    except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
+        logger.warning("cannot read offloaded payload %s: %s", stored.name, describe_error(exc))
+        return unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
+    try:
+        return await post(request, {**request.headers, **signature}, file, timeout, on_sent)
+    finally:
+        await asyncio.to_thread(file.close)
+
+
+def open_and_sign(stored: StoredBody) -> tuple[File[bytes], dict[str, str]]:
+    """The stored payload, opened and rewound after a signing pass, and its signature headers
+    (in a worker thread)."""
+    file = payloads.open_payload(stored.name)
+    try:
+        signature = stored.sign(iter(lambda: file.read(CHUNK_BYTES), b""), datetime.now(UTC))
+        file.seek(0)
+        return file, signature
+    except BaseException:
+        file.close()
+        raise
+
+
+async def chunks_of(file: File[bytes]) -> AsyncIterator[bytes]:
+    """The file's content, each chunk read in a worker thread."""
+    while chunk := await asyncio.to_thread(file.read, CHUNK_BYTES):
+        yield chunk
 
 
 def answered(
@@ -228,6 +236,11 @@ def ended(
     return _result(request, started_at, _elapsed_ms(started), error_class=error_class, error=error)
 
 
+def unanswered(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
+    """An attempt that ended without an answer, before or while the request was made."""
+    return _result(request, datetime.now(UTC), 0.0, error_class=error_class, error=error)
+
+
 def _result(
     request: DeliveryRequest, started_at: datetime, duration_ms: float, **outcome: Any
 ) -> AttemptResult:
@@ -247,97 +260,11 @@ def _elapsed_ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-async def _deliver_stored(
-    session: aiohttp.ClientSession,
-    request: DeliveryRequest,
-    stored: StoredBody,
-    timeout: float,
-    on_sent: Callable[[], None] | None,
-) -> AttemptResult:
-    """Deliver an offloaded payload: signed in one pass over the file, then streamed from it.
-
-    Storage I/O blocks, so it runs in worker threads and the event loop never waits on it; only
-    a chunk at a time is in memory. A file that is gone ends the job (`payload-missing`); any
-    other storage error is retried like a failed attempt, and neither is held against the
-    consumer (jobs/retry.py).
-    """
-    try:
-        file, file_headers = await asyncio.to_thread(open_and_sign, stored)
-    except PayloadMissing as exc:
-        return unanswered(request, PAYLOAD_MISSING, str(exc))
-    except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
-        logger.warning("cannot read offloaded payload %s: %s", stored.name, describe_error(exc))
-        return unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
-    headers = {**request.headers, **file_headers}
-    try:
-        return await _post(session, request, chunks_of(file, on_sent), headers, timeout)
-    finally:
-        await asyncio.to_thread(file.close)
-
-
-def open_and_sign(stored: StoredBody) -> tuple[File[bytes], dict[str, str]]:
-    """The stored payload, opened and rewound after a signing pass, and its signature and length
-    headers (in a worker thread)."""
-    file = payloads.open_payload(stored.name)
-    try:
-        signature = stored.sign(iter(lambda: file.read(CHUNK_BYTES), b""), datetime.now(UTC))
-        file.seek(0)
-        # An explicit length keeps aiohttp from sending the stream chunked, which some
-        # receivers' servers (WSGI ones above all) do not accept.
-        return file, {**signature, "Content-Length": str(file.size)}
-    except BaseException:
-        file.close()
-        raise
-
-
-async def chunks_of(file: File[bytes], on_sent: Callable[[], None] | None) -> AsyncIterator[bytes]:
-    """The file's content for aiohttp to stream, each chunk read in a worker thread."""
-    # aiohttp asks for the first chunk as the headers go out: from here the consumer may have
-    # the request, as with `ReportingBody`.
-    if on_sent:
-        on_sent()
-    while chunk := await asyncio.to_thread(file.read, CHUNK_BYTES):
-        yield chunk
-
-
-def unanswered(request: DeliveryRequest, error_class: str, error: str) -> AttemptResult:
-    """An attempt that ended without an answer, before or while the request was made."""
-    return _result(request, datetime.now(UTC), 0.0, error_class=error_class, error=error)
-
-
-class ReportingBody(BytesPayload):
-    """A request body that reports when it starts going out.
-
-    aiohttp sends a request's headers together with the first chunk of its body, so from this
-    moment the consumer may receive the request. The dispatcher needs to know that only for
-    deliveries it cuts off at shutdown; reporting it here costs one call, where an aiohttp
-    TraceConfig costs a signal object per stage of every request.
-    """
-
-    def __init__(self, body: bytes, on_sent: Callable[[], None]) -> None:
-        super().__init__(body)
-        self._on_sent = on_sent
-
-    async def write_with_length(
-        self, writer: AbstractStreamWriter, content_length: int | None
-    ) -> None:
-        self._on_sent()
-        await super().write_with_length(writer, content_length)
-
-
-async def _excerpt(response: aiohttp.ClientResponse) -> str:
-    """The first few KiB of the body: enough to diagnose, never a whole huge response."""
-    try:
-        chunk = await response.content.read(RESPONSE_EXCERPT_BYTES)
-    except (TimeoutError, aiohttp.ClientError):
-        return ""
-    return storable_text(chunk.decode("utf-8", errors="replace"))
-
-
-def _retry_after(response: aiohttp.ClientResponse) -> float | None:
-    if response.status not in (429, 503):
+def retry_after_of(status: int, value: str | None) -> float | None:
+    """The wait a 429 or 503 asks for with its Retry-After `value`; None for other answers."""
+    if status not in (429, 503) or value is None:
         return None
-    return retry_after_seconds(response.headers.get("Retry-After", ""), time.time())
+    return retry_after_seconds(value, time.time())
 
 
 def retry_after_seconds(value: str, now: float) -> float | None:
@@ -366,13 +293,9 @@ def storable_text(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
-def describe_error(exc: BaseException) -> str:
-    """The exception in one line for `last_error` and the logs, without the callback URL that
-    aiohttp puts in some messages (its userinfo or query may carry a secret), nor NULs."""
-    if isinstance(exc, aiohttp.ClientResponseError):
-        text = f"{type(exc).__name__}: {exc.status}, {exc.message}"
-    elif isinstance(exc, aiohttp.InvalidURL):
-        text = f"{type(exc).__name__}: the callback URL is not valid"
-    else:
-        text = f"{type(exc).__name__}: {exc}"
-    return storable_text(text.replace("\n", " ")[:500])
+def describe_error(exc: BaseException, text: str | None = None) -> str:
+    """The exception in one line for `last_error` and the logs, without NULs: its name and
+    `text`, by default its message. A client whose messages may hold the callback URL (its
+    userinfo or query may carry a secret) passes a text without it."""
+    line = f"{type(exc).__name__}: {exc if text is None else text}"
+    return storable_text(line.replace("\n", " ")[:500])

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import aiohttp
 from django.db import InterfaceError, OperationalError, ProgrammingError, connection
 from django.utils import timezone
 
@@ -32,15 +31,7 @@ from broker.conf import broker_settings
 from consumers.models import Consumer
 from jobs import queue
 from jobs.consumer_cache import ConsumerCache, UnreadableConsumer
-from jobs.delivery import (
-    REQUEST_ERROR,
-    AttemptResult,
-    DeliveryRequest,
-    deliver,
-    delivery_session,
-    describe_error,
-    unanswered,
-)
+from jobs.delivery import REQUEST_ERROR, AttemptResult, DeliveryRequest, describe_error, unanswered
 from jobs.health import Health
 from jobs.maintenance import HOUSEKEEPING_SECONDS, RELEASE_SECONDS, Maintenance
 from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
@@ -48,6 +39,7 @@ from jobs.outcome_log import log_attempt
 from jobs.outgoing import names_of_job, request_for_job
 from jobs.queue import ClaimedJob
 from jobs.retry import Outcome, Verdict, decide
+from jobs.senders import Send, open_sender
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -197,14 +189,14 @@ class Dispatcher:
         io_threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="dispatch-io")
         asyncio.get_running_loop().set_default_executor(io_threads)
         try:
-            async with delivery_session(self.config.concurrency) as session:
-                await self._loop(session)
+            async with open_sender(self.config.concurrency) as send:
+                await self._loop(send)
         finally:
             for executor in {self._claimer, self._recorder}:
                 await asyncio.get_running_loop().run_in_executor(executor, _drop_connection)
                 executor.shutdown()
 
-    async def _loop(self, session: aiohttp.ClientSession) -> None:
+    async def _loop(self, send: Send) -> None:
         in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest] = {}
         recording: asyncio.Task[None] | None = None
         next_housekeeping = next_release = 0.0
@@ -226,7 +218,7 @@ class Dispatcher:
                 if not self.stopping and room > 0:
                     claimed = await self._step(self.claim, min(room, self.config.batch_size))
                     for request in claimed or []:
-                        task = asyncio.create_task(self._send(session, request))
+                        task = asyncio.create_task(self._send(send, request))
                         task.add_done_callback(lambda _: self._wake.set())
                         in_flight[task] = request
             except DatabaseDown:
@@ -264,13 +256,11 @@ class Dispatcher:
     def _unrecorded(self) -> int:
         return len(self._finished) + self._recording
 
-    async def _send(
-        self, session: aiohttp.ClientSession, request: DeliveryRequest
-    ) -> AttemptResult:
+    async def _send(self, send: Send, request: DeliveryRequest) -> AttemptResult:
         timeout = float(broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS)
         try:
             # `_drain` needs to know which requests went on the wire.
-            return await deliver(session, request, timeout, on_sent=self._sent_marker(request))
+            return await send(request, timeout, self._sent_marker(request))
         finally:
             self._sent.discard(request.job_id)
 
@@ -369,7 +359,7 @@ class UnrecordedOutcomes(Exception):
 
 def _result_of(task: asyncio.Task[AttemptResult], request: DeliveryRequest) -> AttemptResult:
     """A finished delivery's result; `deliver` never raises, but a task cancelled from outside
-    (by aiohttp, say) counts as cut off rather than ending the loop."""
+    (by the HTTP client, say) counts as cut off rather than ending the loop."""
     return _cut_off(request) if task.cancelled() else task.result()
 
 

@@ -2,11 +2,10 @@
 consumer's callback URL, made synchronously while the operator waits.
 
 It goes the way every webhook goes: jobs/outgoing.py builds the request (broker headers, consumer
-token, Standard Webhooks signatures with every active secret, jobs/signing.py) and `deliver`
-sends it (jobs/delivery.py: the address guard, BROKER_DELIVERY_TIMEOUT_SECONDS capped at 10
-s,
-no redirects, a response excerpt), over a session whose resolver is the guard's SafeResolver, as in
-`Dispatcher.run`. So a test that passes says that deliveries will pass, signatures included.
+token, Standard Webhooks signatures with every active secret, jobs/signing.py) and the
+dispatcher's sender sends it (jobs/senders.py: the address guard, no redirects, a response
+excerpt), with BROKER_DELIVERY_TIMEOUT_SECONDS capped at 10 s. So a test that passes says that
+deliveries will pass, signatures included.
 
 A test event is not a channel message: it creates no Message, Job or DeliveryAttempt, counts in
 no statistics, and neither opens nor closes the consumer's circuit. The operator sees the outcome;
@@ -22,15 +21,14 @@ import logging
 import uuid
 from datetime import datetime
 
-import aiohttp
 from django.utils import timezone
 
 from broker.conf import broker_settings
 from consumers.models import Consumer
-from consumers.safety import SafeResolver
-from jobs.delivery import AttemptResult, DeliveryRequest, deliver
+from jobs.delivery import AttemptResult, DeliveryRequest
 from jobs.outgoing import build_request
 from jobs.queue import OutgoingMessage
+from jobs.senders import open_sender
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +85,5 @@ def send_test_event(consumer: Consumer, *, sent_by: str = "") -> AttemptResult:
 
 
 async def _deliver_once(request: DeliveryRequest, timeout: float) -> AttemptResult:
-    connector = aiohttp.TCPConnector(resolver=SafeResolver())
-    async with aiohttp.ClientSession(connector=connector) as session:
-        return await deliver(session, request, timeout)
+    async with open_sender(1) as send:
+        return await send(request, timeout, None)

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 from broker.models import Channel
 from consumers.models import Consumer
-from jobs.delivery import AttemptResult, DeliveryRequest, deliver, delivery_session
+from jobs.delivery import AttemptResult, DeliveryRequest
 from jobs.dispatch import Dispatcher
+from jobs.senders import open_sender
 from tests.helpers import make_consumer
 
 
@@ -31,11 +32,11 @@ def send(
     timeout: float = 2.0,
     on_sent: Callable[[], None] | None = None,
 ) -> list[AttemptResult]:
-    """Deliver claimed requests concurrently over the dispatcher's session, as its loop does."""
+    """Deliver claimed requests concurrently over the dispatcher's sender, as its loop does."""
 
     async def all_of_them() -> list[AttemptResult]:
-        async with delivery_session(len(requests) or 1) as session:
-            sends = (deliver(session, request, timeout, on_sent) for request in requests)
+        async with open_sender(len(requests) or 1) as sender:
+            sends = (sender(request, timeout, on_sent) for request in requests)
             return list(await asyncio.gather(*sends))
 
     return asyncio.run(all_of_them())

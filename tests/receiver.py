@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ class Reply:
 class Receiver:
     """Answers each path with its Reply (default 200) and keeps every request it got."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls  # serves HTTPS with it when set
         self.replies: dict[str, Reply] = {}
         # Decides per request when set (None: fall back to `replies`); runs on the receiver's loop.
         self.rule: Callable[[Received], Reply | None] | None = None
@@ -40,7 +42,7 @@ class Receiver:
         self.port = 0
 
     def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}{path}"
 
     def start(self) -> Receiver:
         self._thread.start()
@@ -61,7 +63,7 @@ class Receiver:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.tls)
         await site.start()
         server: Any = site._server  # the only way to learn the chosen port
         self.port = server.sockets[0].getsockname()[1]

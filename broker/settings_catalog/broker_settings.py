@@ -9,6 +9,7 @@ from broker.settings_catalog.setting import BROKER, GATEWAY, RATE_LIMIT, Setting
 
 GATEWAY_AUTH_MODES = ("none", "hmac")
 EVENT_LOOPS = ("asyncio", "uvloop")
+HTTP_CLIENTS = ("libcurl", "aiohttp")
 
 
 class BrokerSettings(SettingGroup, section=BROKER):
@@ -50,6 +51,12 @@ class BrokerSettings(SettingGroup, section=BROKER):
         "asyncio",
         "the dispatcher's event loop: `asyncio` (the standard library's) or `uvloop` (libuv; no"
         " steady gain measured in the drain, docs/performance.md)",
+    )
+    BROKER_DISPATCH_HTTP_CLIENT = Setting(
+        Choice(HTTP_CLIENTS),
+        "libcurl",
+        "what sends push deliveries: `libcurl` (pycurl; less CPU per delivery, docs/performance.md)"
+        " or `aiohttp`; both keep every guarantee of docs/dispatcher.md",
     )
     BROKER_CONSUMER_TOKEN_HEADER = Setting(
         Text(),

@@ -24,15 +24,24 @@ from tests.receiver import Reply
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+# Each loop, each HTTP client (libcurl on both loops: it is driven by the loop's own watchers).
+LOOPS_AND_CLIENTS = [("asyncio", "libcurl"), ("uvloop", "libcurl"), ("asyncio", "aiohttp")]
+
+
+@pytest.mark.parametrize(("event_loop", "client"), LOOPS_AND_CLIENTS)
 def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(
-    channel, receiver, event_loop
+    channel, receiver, event_loop, client
 ):
     push_consumer(channel, receiver)
     for number in range(50):
         publish(channel, b"x", producer="shop", message_id=f"early-{number}")
     # A 30 s poll: only a NOTIFY can explain a fast delivery of what is published later.
-    process = start_dispatcher("--poll-seconds", "30", BROKER_DISPATCH_EVENT_LOOP=event_loop)
+    process = start_dispatcher(
+        "--poll-seconds",
+        "30",
+        BROKER_DISPATCH_EVENT_LOOP=event_loop,
+        BROKER_DISPATCH_HTTP_CLIENT=client,
+    )
     try:
         wait_until(lambda: Job.objects.filter(status=DELIVERED).count() == 50, seconds=30)
         wait_until(DispatcherHeartbeat.objects.exists, seconds=60)
@@ -47,7 +56,7 @@ def test_the_dispatch_command_delivers_wakes_on_notify_and_stops_on_sigterm(
         kill_if_running(process)
     assert process.returncode == 0, output
     assert "stopped" in output
-    assert f"event loop: {event_loop}" in output
+    assert f"event loop: {event_loop}, HTTP client: {client}" in output
     assert len(receiver.received) == 51
     assert not DispatcherHeartbeat.objects.exists()
 
@@ -68,8 +77,10 @@ def unanswered_port() -> Iterator[int]:
         yield port
 
 
-@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
-def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(channel, receiver, event_loop):
+@pytest.mark.parametrize(("event_loop", "client"), LOOPS_AND_CLIENTS)
+def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(
+    channel, receiver, event_loop, client
+):
     push_consumer(channel, receiver)
     receiver.replies["/hook"] = Reply(200, delay=5)  # still answering when the grace ends
     with unanswered_port() as port:
@@ -77,7 +88,12 @@ def test_sigterm_counts_a_cut_off_request_and_returns_an_unsent_one(channel, rec
         stuck.callback_url = f"http://127.0.0.1:{port}/hook"  # never gets past connecting
         stuck.save()
         publish(channel, b"x", producer="shop")
-        process = start_dispatcher("--grace-seconds", "1", BROKER_DISPATCH_EVENT_LOOP=event_loop)
+        process = start_dispatcher(
+            "--grace-seconds",
+            "1",
+            BROKER_DISPATCH_EVENT_LOOP=event_loop,
+            BROKER_DISPATCH_HTTP_CLIENT=client,
+        )
         try:
             wait_until(lambda: len(receiver.received) == 1, seconds=30)
             wait_until(lambda: Job.objects.filter(status=INFLIGHT).count() == 2, seconds=10)

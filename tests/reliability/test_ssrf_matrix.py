@@ -2,28 +2,31 @@
 
 tests/reliability/test_callback_safety.py proves the address policy function by function. Here the
 same hostile targets go through the doors a user has: the consumer API (create and update), the seed
-loader, and finally the dispatcher's real HTTP session (the connector with `SafeResolver`, as
-`Dispatcher.run` builds it) against a real receiver on 127.0.0.1 — which stands for every internal
-service an attacker would like to reach. Names "resolve" through a fake getaddrinfo; the receiver
-counts what arrives, so a guard that let anything through fails the test.
+loader, and finally each HTTP client the dispatcher can send with (jobs/senders.py: aiohttp's
+session with `SafeResolver`, libcurl's multi handle with its connect-time guard) against a real
+receiver on 127.0.0.1 — which stands for every internal service an attacker would like to reach.
+Names "resolve" through a fake getaddrinfo (for libcurl, which has its own resolver, the same
+answers are pinned with CURLOPT_RESOLVE); the receiver counts what arrives, so a guard that let
+anything through fails the test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
-import aiohttp
 import pytest
 from django.core.management import CommandError, call_command
 
 from broker import publish
+from broker.conf import broker_settings
 from consumers.models import Consumer
-from consumers.safety import SafeResolver
-from jobs.delivery import AttemptResult, deliver
+from jobs.curl_delivery import curl_post
+from jobs.delivery import AttemptResult, DeliveryRequest, deliver
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
+from jobs.senders import open_sender
 from jobs.states import DELIVERED, QUEUED
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.db_snapshot import snapshot
@@ -182,19 +185,34 @@ def test_the_seed_loader_refuses_a_private_callback_and_loads_nothing(guarded, d
 # --- delivery: what leaves the dispatcher -------------------------------------------------------
 
 
-def dispatch_step() -> list[AttemptResult]:
-    """Claim, deliver through the connector `Dispatcher.run` uses, record."""
+def dispatch_step(dns: FakeDNS | None = None) -> list[AttemptResult]:
+    """Claim, deliver through the configured client as `Dispatcher.run` does, record. libcurl
+    resolves names itself: `dns`'s answers are pinned for it."""
     dispatcher = Dispatcher(DispatcherConfig(dispatcher_id="ssrf-test"))
     requests = dispatcher.claim(50)
 
     async def send_all() -> list[AttemptResult]:
-        connector = aiohttp.TCPConnector(resolver=SafeResolver())
-        async with aiohttp.ClientSession(connector=connector) as session:
-            return list(await asyncio.gather(*(deliver(session, r, 2.0) for r in requests)))
+        if dns is not None and broker_settings.BROKER_DISPATCH_HTTP_CLIENT == "libcurl":
+            async with curl_post(50, pinned=pins(dns, requests)) as post:
+                return list(await asyncio.gather(*(deliver(post, r, 2.0) for r in requests)))
+        async with open_sender(50) as send:
+            return list(await asyncio.gather(*(send(r, 2.0, None) for r in requests)))
 
     results = asyncio.run(send_all())
     dispatcher.complete(results)
     return results
+
+
+def pins(dns: FakeDNS, requests: list[DeliveryRequest]) -> list[str]:
+    """libcurl's "host:port:addresses" lines for the fake DNS's names the requests go to."""
+    lines = []
+    for request in requests:
+        url = urlsplit(request.url)
+        if url.hostname in dns.records:
+            found = dns.records[url.hostname]
+            addresses = ",".join(f"[{ip}]" if ":" in ip else ip for ip in found)
+            lines.append(f"{url.hostname}:{url.port or 80}:{addresses}")
+    return lines
 
 
 def consumer_at(channel, consumer_id: str, url: str) -> Consumer:
@@ -205,6 +223,7 @@ def consumer_at(channel, consumer_id: str, url: str) -> Consumer:
     return consumer
 
 
+@pytest.mark.usefixtures("http_client")
 def test_a_name_rebound_to_loopback_after_creation_gets_nothing(
     client, guarded, dns, channel, receiver
 ):
@@ -215,7 +234,7 @@ def test_a_name_rebound_to_loopback_after_creation_gets_nothing(
     dns["rebind.example.com"] = ["127.0.0.1"]
     publish(channel, b"secret", producer="shop")
 
-    [result] = dispatch_step()
+    [result] = dispatch_step(dns)
 
     assert receiver.received == []
     assert result.error_class == "unsafe-callback"
@@ -225,6 +244,7 @@ def test_a_name_rebound_to_loopback_after_creation_gets_nothing(
     assert DeliveryAttempt.objects.get().error_class == "unsafe-callback"
 
 
+@pytest.mark.usefixtures("http_client")
 def test_the_same_delivery_arrives_when_private_callbacks_are_allowed(
     settings, dns, channel, receiver
 ):
@@ -234,7 +254,7 @@ def test_the_same_delivery_arrives_when_private_callbacks_are_allowed(
     consumer_at(channel, "billing", f"http://rebind.example.com:{receiver.port}/hook")
     publish(channel, b"secret", producer="shop")
 
-    [result] = dispatch_step()
+    [result] = dispatch_step(dns)
 
     assert result.succeeded
     assert [request.body for request in receiver.received] == [b"secret"]
@@ -253,6 +273,7 @@ STORED_TARGETS = [
 
 
 @pytest.mark.parametrize("template", STORED_TARGETS)
+@pytest.mark.usefixtures("http_client")
 def test_a_private_url_already_stored_is_refused_at_delivery(
     guarded, dns, channel, receiver, template
 ):
@@ -260,12 +281,13 @@ def test_a_private_url_already_stored_is_refused_at_delivery(
     consumer_at(channel, "billing", template.format(port=receiver.port, name=PRIVATE_NAME))
     publish(channel, b"secret", producer="shop")
 
-    [result] = dispatch_step()
+    [result] = dispatch_step(dns)
 
     assert receiver.received == []
     assert result.error_class == "unsafe-callback", result.error
 
 
+@pytest.mark.usefixtures("http_client")
 def test_metadata_literals_are_refused_before_any_connection(guarded, channel):
     for number, url in enumerate(
         [
@@ -284,6 +306,7 @@ def test_metadata_literals_are_refused_before_any_connection(guarded, channel):
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+@pytest.mark.usefixtures("http_client")
 def test_redirects_are_not_followed(settings, channel, receiver, status):
     """A receiver cannot bounce the payload to an internal address: a 3xx is a failed attempt.
 
@@ -300,6 +323,7 @@ def test_redirects_are_not_followed(settings, channel, receiver, status):
     assert Job.objects.get().status == QUEUED
 
 
+@pytest.mark.usefixtures("http_client")
 def test_an_environment_proxy_is_not_used(guarded, dns, channel, receiver, monkeypatch):
     """A proxy resolves names itself, out of the guard's sight: the session ignores HTTP_PROXY."""
     for variable in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
@@ -308,7 +332,7 @@ def test_an_environment_proxy_is_not_used(guarded, dns, channel, receiver, monke
     consumer_at(channel, "billing", f"http://{PRIVATE_NAME}/hook")
     publish(channel, b"secret", producer="shop")
 
-    [result] = dispatch_step()
+    [result] = dispatch_step(dns)
 
     assert receiver.received == []  # the "proxy" never saw the request
     assert result.error_class == "unsafe-callback"

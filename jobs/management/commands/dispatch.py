@@ -129,7 +129,9 @@ class Command(BaseCommand):
 
     async def _run(self, dispatcher: Dispatcher) -> None:
         loop = asyncio.get_running_loop()
-        self.stdout.write(f"event loop: {type(loop).__module__.split('.')[0]}")
+        loop_name = type(loop).__module__.split(".")[0]
+        client = broker_settings.BROKER_DISPATCH_HTTP_CLIENT
+        self.stdout.write(f"event loop: {loop_name}, HTTP client: {client}")
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(stop_signal, dispatcher.stop)
         listener = asyncio.create_task(listen_for_jobs(dispatcher.wake))

@@ -1,23 +1,28 @@
-"""The libcurl prototype sender (jobs/curl_delivery.py, issue 18) against real receivers on
-loopback: the same results as jobs/delivery.py's `deliver` for the same requests, and the same
-guarantees (address guard at connect time, no redirects, timeout, bounded read, keep-alive,
-streamed offloaded payloads, the "headers were sent" signal)."""
+"""Each HTTP client that can send deliveries (jobs/senders.py: libcurl, aiohttp), against real
+receivers on loopback: the same results for the same requests, and the same guarantees (address
+guard at connect time, no redirects, timeout, bounded read, keep-alive, no credentials carried
+from one request to the next, HTTPS verified, streamed offloaded payloads, the "headers were
+sent" signal)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
 import pytest
+import trustme
 
 from broker import payloads
-from jobs import curl_delivery
 from jobs.delivery import RESPONSE_EXCERPT_BYTES, AttemptResult, DeliveryRequest, StoredBody
-from tests.receiver import Reply
+from jobs.senders import open_sender
+from tests.receiver import Receiver, Reply
+
+pytestmark = pytest.mark.usefixtures("http_client")
 
 HEADERS = {
     "Content-Type": "application/json",
@@ -29,26 +34,21 @@ HEADERS = {
 
 
 def send(
-    url: str,
-    *,
+    *urls: str,
     timeout: float = 5,
     on_sent: Callable[[], None] | None = None,
     stored: StoredBody | None = None,
-    requests: int = 1,
 ) -> list[AttemptResult]:
-    """Deliver `requests` requests one after the other through one session."""
+    """Deliver to each of `urls` one after the other through one sender."""
 
     async def run() -> list[AttemptResult]:
-        session = curl_delivery.curl_session(4, timeout)
-        try:
+        async with open_sender(4) as sender:
             results = []
-            for job_id in range(1, requests + 1):
+            for job_id, url in enumerate(urls, start=1):
                 body = b"" if stored else b'{"order": 42}'
                 request = DeliveryRequest(job_id, 1, 7, url, HEADERS, body, stored)
-                results.append(await curl_delivery.deliver(session, request, timeout, on_sent))
+                results.append(await sender(request, timeout, on_sent))
             return results
-        finally:
-            session.close()
 
     return asyncio.run(run())
 
@@ -66,6 +66,7 @@ def test_a_webhook_arrives_with_its_headers_and_body(receiver):
         assert received.headers[name] == value
     assert received.headers["Accept-Encoding"] == "identity"
     assert "Expect" not in received.headers
+    assert "Authorization" not in received.headers
     assert sent == [True]
 
 
@@ -168,7 +169,7 @@ def _read_head(stream) -> dict[str, str]:
 def test_connections_are_kept_alive():
     server = CountingServer()
     try:
-        results = send(f"http://127.0.0.1:{server.port}/hook", requests=5)
+        results = send(*[f"http://127.0.0.1:{server.port}/hook"] * 5)
     finally:
         server.close()
     assert all(result.succeeded for result in results)
@@ -212,21 +213,16 @@ def test_the_sent_signal_tells_a_cut_off_request_from_one_never_sent(receiver):
     refused: list[int] = []
 
     async def run() -> AttemptResult:
-        session = curl_delivery.curl_session(4, 30)
-        try:
+        async with open_sender(4) as sender:
             request = DeliveryRequest(1, 1, 7, receiver.url(), HEADERS, b"{}")
-            task = asyncio.create_task(
-                curl_delivery.deliver(session, request, 30, lambda: cut_off.append(1))
-            )
+            task = asyncio.create_task(sender(request, 30, lambda: cut_off.append(1)))
             while not receiver.received:
                 await asyncio.sleep(0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             closed = DeliveryRequest(2, 1, 7, f"http://127.0.0.1:{_closed_port()}/", HEADERS, b"")
-            return await curl_delivery.deliver(session, closed, 5, lambda: refused.append(1))
-        finally:
-            session.close()
+            return await sender(closed, 5, lambda: refused.append(1))
 
     result = asyncio.run(run())
     assert cut_off == [1]
@@ -237,3 +233,73 @@ def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def test_credentials_of_a_callback_url_go_with_its_requests_alone(receiver):
+    """Two consumers on one host, one connection: only the one whose URL holds credentials
+    sends them."""
+
+    def url(path: str, userinfo: str = "") -> str:
+        return str(receiver.url(path)).replace("://", f"://{userinfo}")
+
+    send(url("/a", "alice:s3cret@"), url("/b"), url("/c", "alice:s3cret@"))
+    authorization = [request.headers.get("Authorization") for request in receiver.received]
+    assert authorization[0] == authorization[2] is not None
+    assert authorization[1] is None
+
+
+@pytest.fixture(scope="module")
+def authority() -> trustme.CA:
+    return trustme.CA()
+
+
+def tls_receiver(authority: trustme.CA, *names: str) -> Receiver:
+    """An HTTPS receiver on loopback whose certificate `authority` issued for `names`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert(*names).configure_cert(context)
+    return Receiver(tls=context).start()
+
+
+def test_https_is_delivered_when_its_certificate_is_trusted(authority, http_client, monkeypatch):
+    """The authorities trusted are Python's ssl module's, SSL_CERT_FILE included (aiohttp reads
+    them once, when it is imported: that client is covered by the refusals below)."""
+    if http_client == "aiohttp":
+        pytest.skip("aiohttp reads the trusted authorities once per process")
+    with authority.cert_pem.tempfile() as ca_file:
+        monkeypatch.setenv("SSL_CERT_FILE", ca_file)
+        monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+        receiver = tls_receiver(authority, "127.0.0.1")
+        try:
+            [result] = send(receiver.url())
+        finally:
+            receiver.stop()
+    assert result.succeeded, result.error
+    assert [request.body for request in receiver.received] == [b'{"order": 42}']
+
+
+@pytest.mark.parametrize("names", [("127.0.0.1",), ("hooks.example.com",)], ids=["ca", "name"])
+def test_https_with_an_untrusted_certificate_sends_nothing(authority, names):
+    """An authority nobody trusts; or a trusted-looking certificate for another name (its
+    authority is equally unknown here, so the name check is what aiohttp and libcurl share)."""
+    receiver = tls_receiver(authority, *names)
+    sent: list[int] = []
+    try:
+        [result] = send(receiver.url(), on_sent=lambda: sent.append(1))
+    finally:
+        receiver.stop()
+    assert (result.status_code, result.error_class) == (None, "connection")
+    assert "certificate" in result.error.lower() or "ssl" in result.error.lower(), result.error
+    assert receiver.received == []
+    assert sent == []
+
+
+def test_a_header_value_beyond_ascii_goes_out_in_utf8(receiver):
+    """A kept metadata header may hold any text: both clients send it as UTF-8."""
+
+    async def run() -> AttemptResult:
+        async with open_sender(1) as sender:
+            headers = {**HEADERS, "X-Note": "café ¿"}
+            return await sender(DeliveryRequest(1, 1, 7, receiver.url(), headers, b"{}"), 5, None)
+
+    assert asyncio.run(run()).succeeded
+    assert receiver.received[0].headers["X-Note"] == "café ¿"
