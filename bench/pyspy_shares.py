@@ -34,6 +34,8 @@ STEPS: list[tuple[str, Callable[[str], bool]]] = [
     ("record: other", _recording),
     ("maintenance", lambda stack: "jobs/maintenance.py" in stack),
     ("HTTP: aiohttp", lambda stack: "aiohttp/" in stack),
+    ("HTTP: libcurl's multi handle on the loop", lambda stack: "jobs/curl_multi.py" in stack),
+    ("HTTP: the client's POST", lambda stack: "_delivery.py" in stack),
     ("HTTP: jobs/delivery.py around the client", lambda stack: "jobs/delivery.py" in stack),
     ("HTTP: the address guard", lambda stack: "consumers/safety.py" in stack),
     ("loop: the dispatcher's loop and tasks", lambda stack: "jobs/dispatch.py" in stack),

@@ -135,6 +135,8 @@ class CurlMulti:
         self.multi.setopt(pycurl.M_MAXCONNECTS, connections)
         self.multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, connections)
         self._timer: asyncio.Handle | None = None
+        self._timer_soon = False  # `_timer` is a call_soon
+        self._watched: dict[int, int] = {}  # fd: the POLL_IN and POLL_OUT bits the loop watches
         self._idle: list[Any] = []
         self._pending: dict[Any, _Pending] = {}
 
@@ -242,29 +244,43 @@ class CurlMulti:
     # --- the loop's side: sockets, the timer, finished transfers -----------------------------
 
     def _watch(self, what: int, fd: int, multi: object, data: object) -> None:
-        loop = self.loop
-        if what == pycurl.POLL_REMOVE or not what & pycurl.POLL_IN:
-            loop.remove_reader(fd)
-        if what == pycurl.POLL_REMOVE or not what & pycurl.POLL_OUT:
-            loop.remove_writer(fd)
-        if what != pycurl.POLL_REMOVE:
-            if what & pycurl.POLL_IN:
-                loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
-            if what & pycurl.POLL_OUT:
-                loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
+        # Only what changed goes to the loop: asyncio's add and remove calls are the dearest
+        # part of driving libcurl (a selector lookup and an epoll_ctl each), and libcurl
+        # reports every socket's wishes at each step of every request.
+        wanted = 0 if what == pycurl.POLL_REMOVE else what
+        had = self._watched.pop(fd, 0)
+        if wanted:
+            self._watched[fd] = wanted
+        changed = had ^ wanted
+        if changed & pycurl.POLL_IN:
+            if wanted & pycurl.POLL_IN:
+                self.loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
+            else:
+                self.loop.remove_reader(fd)
+        if changed & pycurl.POLL_OUT:
+            if wanted & pycurl.POLL_OUT:
+                self.loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
+            else:
+                self.loop.remove_writer(fd)
 
     def _set_timer(self, milliseconds: int) -> None:
         # Called from inside socket_action: only schedule, never act here. libcurl asks for "at
-        # once" on every new request: call_soon, which costs no timer heap entry.
+        # once" on every new request: call_soon, which costs no timer heap entry, and one
+        # pending "at once" serves every request added before it runs. -1: no timer.
+        if milliseconds == 0 and self._timer is not None and self._timer_soon:
+            return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._timer_soon = milliseconds == 0
         if milliseconds == 0:
-            self._timer = self.loop.call_soon(self._act, pycurl.SOCKET_TIMEOUT, 0)
+            self._timer = self.loop.call_soon(self._on_timer)
         elif milliseconds > 0:
-            self._timer = self.loop.call_later(
-                milliseconds / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0
-            )
+            self._timer = self.loop.call_later(milliseconds / 1000, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._act(pycurl.SOCKET_TIMEOUT, 0)
 
     def _act(self, fd: int, events: int) -> None:
         self.multi.socket_action(fd, events)
