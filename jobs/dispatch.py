@@ -183,9 +183,10 @@ class Dispatcher:
     async def run(self) -> None:
         """Claim, deliver and record until stopped. Raises BrokenDatabase, the one reason it
         ends on its own: no delivery or step failure ends it."""
-        # DNS lookups and payload reads run in the loop's default executor: a thread for every
-        # delivery that may be in flight, so that one consumer's names that are slow to resolve
-        # cannot hold up everybody else's lookups (Python's default has 6 threads on 2 cores).
+        # Payload reads (and aiohttp's DNS lookups; libcurl resolves in threads of its own) run
+        # in the loop's default executor: a thread for every delivery that may be in flight, so
+        # that one consumer's names that are slow to resolve cannot hold up everybody else's
+        # lookups (Python's default has 6 threads on 2 cores).
         io_threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="dispatch-io")
         asyncio.get_running_loop().set_default_executor(io_threads)
         try:
