@@ -74,6 +74,7 @@ class MessageAdmin(ReadOnlyAdmin):
         "channel",
         "producer",
         "status",
+        "event_type",
         "scheduled_for",
         "priority",
         "received_at",

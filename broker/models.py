@@ -139,6 +139,8 @@ class Message(models.Model):
     # Ordered consumers get the messages of one key one at a time, in publish order
     # (docs/delivery.md, "Ordering"); "" is the key of every message published without one.
     ordering_key = models.CharField(max_length=255, blank=True, default="")
+    # What kind of event it is (broker/event_types.py), which consumers subscribe to; null: none.
+    event_type = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     status = models.CharField(max_length=12, choices=Status.choices)
     received_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
@@ -277,6 +279,7 @@ class PeriodicMessage(ChangeTracked):
     priority = models.IntegerField(default=0)
     headers = models.JSONField(default=dict, blank=True)
     ordering_key = models.CharField(max_length=255, blank=True, default="")
+    event_type = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (as Message's)
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     cron = models.CharField(max_length=255, blank=True, default="")
     timezone = models.CharField(max_length=64, default="UTC")  # an IANA name, for `cron`

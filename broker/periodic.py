@@ -25,6 +25,7 @@ from broker.models import Message, PeriodicMessage
 from broker.publishing import (
     DuplicateMessage,
     PublishError,
+    check_event_type,
     check_message,
     publish,
 )
@@ -163,6 +164,7 @@ def validate_publishable(schedule: PeriodicMessage) -> None:
         schedule.content_type,
         schedule.ordering_key,
     )
+    check_event_type(schedule.event_type)
 
 
 def tick_message_id(schedule: PeriodicMessage, tick: datetime) -> str:
@@ -281,6 +283,7 @@ def _publish_tick(schedule: PeriodicMessage, tick: datetime) -> tuple[Message | 
             headers=schedule.headers,
             content_type=schedule.content_type,
             ordering_key=schedule.ordering_key,
+            event_type=schedule.event_type,
         )
     except DuplicateMessage:
         # Only if the schedule's next_run_at was moved back by hand, or the channel has another

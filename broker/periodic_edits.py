@@ -74,6 +74,12 @@ class PeriodicMessageForm(serializers.Serializer[Any]):
     orderingKey = serializers.CharField(  # noqa: N815
         required=False, allow_blank=True, max_length=255, trim_whitespace=False
     )
+    eventType = serializers.CharField(  # noqa: N815
+        required=False,
+        allow_blank=True,
+        max_length=255,
+        help_text="the messages' event type (as X-Broker-Event-Type); blank: none",
+    )
     intervalSeconds = serializers.IntegerField(  # noqa: N815
         required=False, min_value=1, max_value=INT32_MAX, help_text="either this or cron"
     )
@@ -94,6 +100,9 @@ class PeriodicMessageForm(serializers.Serializer[Any]):
         if not isinstance(headers, dict):
             raise serializers.ValidationError("a JSON object of header names to text.")
         return headers
+
+    def validate_eventType(self, value: str) -> str | None:  # noqa: N802
+        return value.strip() or None  # checked with the rest of the message (periodic.py)
 
     def validate_timeZone(self, value: str) -> str:  # noqa: N802
         try:
@@ -140,6 +149,7 @@ FORM_TO_MODEL = {
     "priority": "priority",
     "headers": "headers",
     "orderingKey": "ordering_key",
+    "eventType": "event_type",
     "timeZone": "timezone",
     "enabled": "enabled",
     "skipWhilePending": "skip_while_pending",

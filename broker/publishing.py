@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
-from broker import payloads, tracing
+from broker import event_types, payloads, tracing
 from broker.conf import broker_settings
 from broker.models import MESSAGE_ID_PATTERN, Channel, Message, Producer
 from broker.xids import new_xid
@@ -112,6 +112,7 @@ def publish(
     headers: Mapping[str, str] | None = None,
     content_type: str | None = None,
     ordering_key: str | None = None,
+    event_type: str | None = None,
     scheduled_for: datetime | None = None,
     traceparent: str | None = None,
     tracestate: str | None = None,
@@ -121,7 +122,9 @@ def publish(
 
     `payload` may be bytes, text (sent as UTF-8) or a dict/list (sent as JSON); `content_type`
     defaults accordingly. Ordered consumers receive the messages of one `ordering_key` one at a
-    time, in publish order (docs/delivery.md, "Ordering"); messages without one share a key. Raises
+    time, in publish order (docs/delivery.md, "Ordering"); messages without one share a key. Only
+    the consumers subscribed to its `event_type` get a job (broker/event_types.py; none: the
+    consumers without event type patterns, and those with `*`). Raises
     a PublishError subclass, with nothing stored, for bad input, an unknown channel or producer, or
     a message ID the channel already has.
 
@@ -152,6 +155,7 @@ def publish(
         body, content_type = check_message(
             payload, message_id, priority, headers or {}, content_type, ordering_key
         )
+        check_event_type(event_type)
         if scheduled_for is not None:
             scheduled_for = check_schedule(scheduled_for)
         message = Message(
@@ -164,6 +168,7 @@ def publish(
             priority=priority,
             headers=dict(headers or {}),
             ordering_key=ordering_key,
+            event_type=event_type,
             received_at=timezone.now(),
             scheduled_for=scheduled_for,
             traceparent=trace.traceparent if trace else None,
@@ -289,6 +294,18 @@ def _validate(message_id: str, priority: int, headers: dict[str, str]) -> None:
     if not INT32_MIN <= priority <= INT32_MAX:
         raise InvalidMessage("The priority must fit in a signed 32-bit integer.", "priority")
     _validate_headers(headers)
+
+
+def check_event_type(event_type: str | None) -> None:
+    """InvalidMessage naming the rule when `event_type` is given and not a valid one."""
+    if event_type is None:
+        return
+    if not isinstance(event_type, str):
+        raise InvalidMessage("The event type must be text.", "event_type")
+    try:
+        event_types.checked_event_type(event_type)
+    except event_types.InvalidEventType as exc:
+        raise InvalidMessage(str(exc), "event_type") from None
 
 
 def _validate_ordering_key(key: str) -> None:

@@ -31,6 +31,7 @@ from broker.publishing import (
     PublishError,
     UnknownChannel,
     UnknownProducer,
+    check_event_type,
     check_message,
     check_schedule,
 )
@@ -52,6 +53,7 @@ class BatchMessage(NamedTuple):
     scheduled_for: datetime | None = None
     traceparent: str | None = None
     tracestate: str | None = None
+    event_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ def _checked(channel_id: str, producer_id: str, message: BatchMessage) -> NewMes
             message.content_type,
             ordering_key,
         )
+        check_event_type(message.event_type)
         scheduled_for = message.scheduled_for
         if scheduled_for is not None:
             scheduled_for = check_schedule(scheduled_for)
@@ -193,6 +196,7 @@ def _checked(channel_id: str, producer_id: str, message: BatchMessage) -> NewMes
         scheduled_for,
         trace.traceparent if trace else None,
         (trace.tracestate or None) if trace else None,
+        message.event_type,
     )
 
 

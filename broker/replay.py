@@ -4,9 +4,11 @@ For each consumer it is asked for, the message's job is:
 - DELIVERED: moved back to QUEUED by the state machine's replay transition (one conditional
   UPDATE, `jobs.queue.replay_delivered`): due now, attempts reset, its attempt history kept;
 - missing because the consumer joined the channel after the publish: created by the queue's
-  fan-out, `jobs.queue.add_jobs`; missing although the consumer is older
-  than the message (its job was deleted: a dead job purged or deleted by an operator): skipped,
-  since bringing back what an operator threw away is not what "replay" asks for;
+  fan-out, `jobs.queue.add_jobs`, if the consumer subscribes to the message's event type
+  (broker/event_types.py); missing although the consumer is older than the message (its job was
+  deleted: a dead job purged or deleted by an operator; or the consumer was not subscribed to the
+  message's type then): skipped, since bringing back what an operator threw away is not what
+  "replay" asks for;
 - QUEUED or INFLIGHT: left alone, it is on its way already; DEAD: left alone, that is what a
   requeue is for (dead-letter queue). These are reported as skipped, with the reason.
 
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.utils import timezone
 
-from broker import payloads
+from broker import event_types, payloads
 from broker.message_states import ACKNOWLEDGED, DISPATCHED
 from broker.models import Message
 from consumers.models import Consumer
@@ -43,11 +45,23 @@ SKIP_REASONS: dict[str, str] = {
     DEAD: "dead: requeue it from the dead-letter queue instead",
 }
 KEY_BUSY = "ordered consumer: later messages of its ordering key are pending; replay once they are"
-JOB_DELETED = "its job was deleted (dead and purged, or deleted by an operator)"
+JOB_DELETED = (
+    "it has no job of this message: deleted (dead and purged, or by an operator), or it was not"
+    " subscribed to the message's event type when it was published"
+)
+NOT_SUBSCRIBED = "not subscribed to the message's event type"
 
 
 # What a replay reads of the message (never the payload).
-REPLAY_FIELDS = ["channel_id", "status", "payload_file", "priority", "ordering_key", "received_at"]
+REPLAY_FIELDS = [
+    "channel_id",
+    "status",
+    "payload_file",
+    "priority",
+    "ordering_key",
+    "event_type",
+    "received_at",
+]
 
 
 class NotReplayable(Exception):
@@ -118,7 +132,7 @@ def _check_replayable(message: Message) -> None:
 def _consumers_of(message: Message) -> list[Consumer]:
     return list(
         Consumer.objects.filter(channel_id=message.channel_id)
-        .only("pk", "public_id", "ordering", "created_at")
+        .only("pk", "public_id", "ordering", "created_at", "event_types")
         .order_by("pk")
     )
 
@@ -135,7 +149,9 @@ def _replay_to(message: Message, consumers: list[Consumer]) -> ReplayResult:
     to_create: list[int] = []
     for consumer in consumers:
         job = jobs.get(consumer.pk)
-        if job is None and consumer.created_at > message.received_at:
+        if job is None and not event_types.matches(consumer.event_types, message.event_type):
+            result.skipped.append(Skipped(consumer.public_id, "", NOT_SUBSCRIBED))
+        elif job is None and consumer.created_at > message.received_at:
             to_create.append(consumer.pk)
             result.created.append(consumer.public_id)
         elif job is None:

@@ -5,7 +5,8 @@
     [initial-producers]         producer-id = Producer name
     [initial-producer-tokens]   producer-id = token
     [initial-consumers]         consumer-id = callback URL
-    [consumer-id]               channel = channel-id, type = push|pull, token = ...
+    [consumer-id]               channel = channel-id, type = push|pull, token = ...,
+                                eventTypes = order.*, invoice.paid (ours: broker/event_types.py)
 
 The whole file is parsed and validated before anything is written, then applied in one
 transaction: a bad file changes nothing. Loading the same file again changes nothing either (not
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import configparser
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from broker import event_types
 from broker.models import Channel, Producer, TokenProtected, validate_resource_id
 from consumers.callback_url import validate_callback_url
 from consumers.models import Consumer
@@ -29,7 +32,7 @@ from consumers.safety import UnsafeCallback, check_callback_url
 CHANNELS, CHANNEL_TOKENS = "initial-channels", "initial-channel-tokens"
 PRODUCERS, PRODUCER_TOKENS = "initial-producers", "initial-producer-tokens"
 CONSUMERS, CONSUMER_TOKENS = "initial-consumers", "initial-consumer-tokens"
-CONSUMER_KEYS = {"channel", "type", "token"}
+CONSUMER_KEYS = {"channel", "type", "token", "eventTypes"}
 
 
 class SeedError(ValueError):
@@ -52,6 +55,7 @@ class SeedConsumer:
     callback_url: str
     type: str
     token: str | None
+    event_types: list[str] | None = None  # the `eventTypes` key, when given
 
 
 @dataclass
@@ -176,7 +180,16 @@ def _parse_consumer(
     if consumer_type not in Consumer.Type.values:
         raise SeedError(key, "type", f"{consumer_type!r} is not push or pull")
     token = (options.get("token") or legacy_token or "").strip() or None
-    return SeedConsumer(key, channel, url, consumer_type, token)
+    return SeedConsumer(key, channel, url, consumer_type, token, _event_types(key, options))
+
+
+def _event_types(key: str, options: dict[str, str]) -> list[str] | None:
+    if "eventTypes" not in options:
+        return None
+    try:
+        return event_types.parse_patterns(options["eventTypes"])
+    except event_types.InvalidEventType as exc:
+        raise SeedError(key, "eventTypes", str(exc)) from None
 
 
 @transaction.atomic
@@ -211,7 +224,9 @@ def _apply_resource(model: type[Channel] | type[Producer], item: SeedResource) -
 
 def _apply_consumer(item: SeedConsumer) -> str:
     label = f"consumer {item.channel}/{item.id}"
-    wanted = {"name": item.id, "callback_url": item.callback_url, "type": item.type}
+    wanted: dict[str, Any] = {"name": item.id, "callback_url": item.callback_url, "type": item.type}
+    if item.event_types is not None:
+        wanted["event_types"] = item.event_types
     consumer = Consumer.objects.filter(channel_id=item.channel, public_id=item.id).first()
     if consumer is None:
         consumer = Consumer(channel_id=item.channel, public_id=item.id, **wanted)

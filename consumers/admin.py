@@ -7,6 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from broker import event_types
 from consumers.models import Consumer
 from consumers.services import InvalidSetting, checked_callback_url, set_paused
 
@@ -17,6 +18,16 @@ class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
         try:
             return checked_callback_url(self.cleaned_data["callback_url"])
         except InvalidSetting as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_event_types(self) -> list[str]:
+        """The API's rule for the patterns (a JSON list of them here)."""
+        value = self.cleaned_data["event_types"] or []
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise forms.ValidationError('A JSON list of patterns: ["order.*", "invoice.paid"].')
+        try:
+            return event_types.checked_patterns(value)
+        except event_types.InvalidEventType as exc:
             raise forms.ValidationError(str(exc)) from None
 
 

@@ -51,6 +51,8 @@ class ConsumerSerializer(StakeholderSerializer):
     MaxInFlight = serializers.IntegerField(source="max_in_flight", allow_null=True)
     # Seconds a push job may wait undelivered before it expires; null: BROKER_MAX_JOB_AGE_SECONDS.
     MaxJobAge = serializers.IntegerField(source="max_job_age", allow_null=True)
+    # The event type patterns it receives (broker/event_types.py); empty: every message.
+    EventTypes = serializers.ListField(source="event_types", child=serializers.CharField())
     # The circuit breaker (docs/delivery.md, "Circuit breaker"), as the dispatcher left it; changed
     # only by …/circuit/close.
     CircuitState = serializers.SerializerMethodField()
@@ -75,6 +77,12 @@ class ConsumerForm(StakeholderForm):
     nonRetryableStatuses = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     maxInFlight = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     maxJobAge = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    eventTypes = serializers.CharField(  # noqa: N815
+        required=False,
+        allow_blank=True,
+        help_text="comma-separated event types it receives: a type, a prefix ending in * "
+        "(order.*), or *; blank or absent: every message (for messages published later)",
+    )
     # Imports an existing secret (e.g. one the receiver already has); never echoed back.
     signingSecret = serializers.CharField(  # noqa: N815
         required=False,
@@ -96,6 +104,9 @@ class ConsumerForm(StakeholderForm):
 
     def validate_maxJobAge(self, value: str) -> int | None:  # noqa: N802
         return services.validated(services.parse_max_job_age, value)  # blank: the global limit
+
+    def validate_eventTypes(self, value: str) -> list[str]:  # noqa: N802
+        return services.validated(services.parse_event_types, value)
 
     def validate_signingSecret(self, value: str) -> str:  # noqa: N802
         return services.validated(services.checked_signing_secret, value)

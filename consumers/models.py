@@ -48,6 +48,9 @@ class Consumer(ChangeTracked):
     # Seconds to wait before each retry; null means the global BROKER_RETRY_DELAYS.
     retry_delays = models.JSONField(null=True, blank=True)
     non_retryable_statuses = models.JSONField(default=list, blank=True)
+    # The event types it receives (broker/event_types.py): patterns; empty, every message. Applied
+    # when a message's jobs are made, so a change affects later messages only.
+    event_types = models.JSONField(default=list, blank=True)
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
     # Seconds a push job may stay undelivered before it expires (jobs/queue/expiry.py); null means
     # BROKER_MAX_JOB_AGE_SECONDS, 0 no limit.

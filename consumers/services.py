@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from broker import event_types
 from broker.models import Channel
 from broker.parsing import parse_int
 from broker.stakeholders import apply_stakeholder_form
@@ -41,6 +42,7 @@ FORM_TO_MODEL = {
     "nonRetryableStatuses": "non_retryable_statuses",
     "maxInFlight": "max_in_flight",
     "maxJobAge": "max_job_age",
+    "eventTypes": "event_types",
 }
 
 
@@ -112,6 +114,15 @@ def parse_max_job_age(value: str) -> int | None:
     if len(numbers) != 1:
         raise InvalidSetting("maxJobAge: one integer (seconds).")
     return numbers[0]
+
+
+def parse_event_types(value: str) -> list[str]:
+    """The event types a consumer receives: comma-separated patterns (broker/event_types.py);
+    blank, every message."""
+    try:
+        return event_types.parse_patterns(value)
+    except event_types.InvalidEventType as error:
+        raise InvalidSetting(f"eventTypes: {error}") from None
 
 
 def checked_signing_secret(value: str) -> str:

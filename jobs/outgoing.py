@@ -111,6 +111,7 @@ def _broker_headers(message: OutgoingMessage, consumer: Consumer) -> dict[str, s
         broker_settings.BROKER_CONSUMER_TOKEN_HEADER: consumer.token,
         "X-Request-ID": new_xid(),  # new per attempt, an xid as webhook-broker's
         "User-Agent": broker_settings.BROKER_DELIVERY_USER_AGENT or USER_AGENT,
+        **({"X-Broker-Event-Type": message.event_type} if message.event_type else {}),
     }
 
 

@@ -60,7 +60,7 @@ def build_test_request(consumer: Consumer, now: datetime) -> DeliveryRequest:
     """The request a delivery of a test payload would make, built by the dispatcher itself."""
     event_id = f"test-{uuid.uuid4().hex}"
     payload = event_payload(consumer, event_id, now)
-    message = OutgoingMessage(event_id, payload, "", CONTENT_TYPE, 0, {})
+    message = OutgoingMessage(event_id, payload, "", CONTENT_TYPE, 0, {}, event_type=EVENT_TYPE)
     request = build_request(message, consumer, now)  # of no job: nothing is recorded
     return dataclasses.replace(request, headers={**request.headers, TEST_EVENT_HEADER: "true"})
 

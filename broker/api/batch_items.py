@@ -36,9 +36,10 @@ FIELDS = frozenset(
         "scheduled_for",
         "traceparent",
         "tracestate",
+        "event_type",
     }
 )
-TEXT_FIELDS = ("id", "content_type", "ordering_key", "traceparent", "tracestate")
+TEXT_FIELDS = ("id", "content_type", "ordering_key", "traceparent", "tracestate", "event_type")
 # publish()'s names for the fields whose names differ on the wire.
 WIRE_NAMES = {"message_id": "id"}
 _PLACEHOLDER = BatchMessage(payload=b"")  # stands for an item already refused here
@@ -107,6 +108,7 @@ def _message(item: object) -> BatchMessage:
         scheduled_for=_scheduled_for(fields.get("scheduled_for")),
         traceparent=fields.get("traceparent"),
         tracestate=fields.get("tracestate"),
+        event_type=fields.get("event_type"),
     )
 
 

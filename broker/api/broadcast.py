@@ -117,6 +117,7 @@ def _publish(
         headers=_metadata_headers(request),
         content_type=request.headers.get("Content-Type") or DEFAULT_CONTENT_TYPE,
         ordering_key=request.headers.get("X-Broker-Ordering-Key", "").strip(),
+        event_type=_event_type(request),
         scheduled_for=scheduled_for,
         # The producer's W3C trace context, continued by the deliveries (malformed: ignored).
         traceparent=request.headers.get("traceparent"),
@@ -126,6 +127,12 @@ def _publish(
     kind = "message" if scheduled_for is None else "scheduled-message"
     location = f"/channel/{channel_id}/{kind}/{message.public_id}"
     return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
+
+
+def _event_type(request: Request) -> str | None:
+    """X-Broker-Event-Type, if sent (publish() checks it: 400 naming the rule)."""
+    value = request.headers.get("X-Broker-Event-Type")
+    return value.strip() if value is not None else None
 
 
 def producer_id_of(request: Request) -> str:

@@ -66,6 +66,10 @@ class BatchItemSerializer(serializers.Serializer[Any]):
     )
     traceparent = serializers.CharField(required=False, help_text="W3C trace context")
     tracestate = serializers.CharField(required=False)
+    event_type = serializers.CharField(
+        required=False,
+        help_text="the event type (as X-Broker-Event-Type): only subscribed consumers get it",
+    )
 
 
 class BroadcastBatchSerializer(serializers.Serializer[Any]):

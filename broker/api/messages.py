@@ -42,6 +42,8 @@ class MessageSerializer(PayloadFieldsMixin):
     DispatchedAt = serializers.DateTimeField(source="dispatched_at", allow_null=True)
     # Ours: when a scheduled message is (or was) due; null for a message published at once.
     ScheduledFor = serializers.DateTimeField(source="scheduled_for", allow_null=True)
+    # Ours: the event type it was published with; null for none.
+    EventType = serializers.CharField(source="event_type", allow_null=True)
     Status = serializers.CharField(source="status")
     Headers = serializers.DictField(source="headers", child=serializers.CharField())
     Jobs = JobSummarySerializer(source="jobs.all", many=True)

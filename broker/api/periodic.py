@@ -44,6 +44,7 @@ class PeriodicMessageSerializer(serializers.Serializer[Any]):
     Priority = serializers.IntegerField(source="priority")
     Headers = serializers.DictField(source="headers", child=serializers.CharField())
     OrderingKey = serializers.CharField(source="ordering_key")
+    EventType = serializers.CharField(source="event_type", allow_null=True)
     IntervalSeconds = serializers.IntegerField(source="interval_seconds", allow_null=True)
     Cron = serializers.CharField(source="cron", allow_null=True)
     TimeZone = serializers.CharField(source="timezone")

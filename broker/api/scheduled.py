@@ -59,6 +59,7 @@ class ScheduledMessageSerializer(serializers.Serializer[Any]):
     payloadError = serializers.CharField(required=False, help_text=PAYLOAD_MISSING)  # noqa: N815
     headers = serializers.DictField(child=serializers.CharField())
     orderingKey = serializers.CharField(source="ordering_key")  # noqa: N815
+    eventType = serializers.CharField(source="event_type", allow_null=True)  # noqa: N815
     receivedAt = serializers.DateTimeField(source="received_at")  # noqa: N815
     messageURL = serializers.SerializerMethodField()  # noqa: N815
     dispatchedDate = serializers.DateTimeField(source="dispatched_at", allow_null=True)  # noqa: N815

@@ -42,6 +42,12 @@ class ConsumerSettingsForm(forms.Form):
         help_text="Seconds a push job may wait undelivered before it expires to the DLQ; 0: no "
         "limit. Blank: BROKER_MAX_JOB_AGE_SECONDS.",
     )
+    event_types = forms.CharField(
+        label="Event types",
+        required=False,
+        help_text="The event types it receives, comma-separated: order.created, a prefix such as "
+        "order.*, or *. Blank: every message. Applies to messages published from now on.",
+    )
     token = forms.CharField(
         required=False,
         max_length=255,
@@ -74,6 +80,9 @@ class ConsumerSettingsForm(forms.Form):
     def clean_max_job_age(self) -> int | None:
         return services.validated(services.parse_max_job_age, self.cleaned_data["max_job_age"])
 
+    def clean_event_types(self) -> list[str]:
+        return services.validated(services.parse_event_types, self.cleaned_data["event_types"])
+
     def clean_signing_secret(self) -> str:
         secret: str = self.cleaned_data["signing_secret"]
         return services.validated(services.checked_signing_secret, secret) if secret else ""
@@ -91,6 +100,7 @@ class ConsumerSettingsForm(forms.Form):
             "nonRetryableStatuses": data["non_retryable_statuses"],
             "maxInFlight": data["max_in_flight"],
             "maxJobAge": data["max_job_age"],
+            "eventTypes": data["event_types"],
         }
         if data["token"]:
             form["token"] = data["token"]
@@ -142,6 +152,7 @@ class EditConsumerForm(ConsumerSettingsForm):
                 "non_retryable_statuses": _joined(consumer.non_retryable_statuses),
                 "max_in_flight": consumer.max_in_flight or "",
                 "max_job_age": "" if consumer.max_job_age is None else consumer.max_job_age,
+                "event_types": ", ".join(consumer.event_types),
                 "changed_at": consumer.changed_at.isoformat(),
             }
         )

@@ -142,6 +142,7 @@ def form_values(schedule: PeriodicMessage) -> dict[str, Any]:
         "priority": schedule.priority,
         "headers": json.dumps(schedule.headers) if schedule.headers else "",
         "orderingKey": schedule.ordering_key,
+        "eventType": schedule.event_type or "",
         "intervalSeconds": schedule.interval_seconds or "",
         "cron": schedule.cron,
         "timeZone": schedule.timezone,

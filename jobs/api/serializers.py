@@ -24,6 +24,7 @@ class QueuedMessageSerializer(PayloadFieldsMixin):
     MessageID = serializers.CharField(source="public_id")
     Headers = serializers.DictField(source="headers", child=serializers.CharField())
     ContentType = serializers.CharField(source="content_type")
+    EventType = serializers.CharField(source="event_type", allow_null=True)
 
     def to_representation(self, instance: Message) -> dict[str, Any]:
         fields = payload_fields(instance)
@@ -33,6 +34,7 @@ class QueuedMessageSerializer(PayloadFieldsMixin):
             "MessageID": instance.public_id,
             "Headers": {str(name): str(value) for name, value in instance.headers.items()},
             "ContentType": instance.content_type,
+            "EventType": instance.event_type,
             **({"PayloadError": error} if error else {}),
         }
 

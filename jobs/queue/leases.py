@@ -36,7 +36,8 @@ CLAIMED_JOB_FIELDS = tuple(
 CLAIMED_MESSAGE_FIELDS = tuple(
     field.attname
     for field in Message._meta.concrete_fields
-    if field.attname in {"id", "public_id", "payload", "payload_file", "content_type", "headers"}
+    if field.attname
+    in {"id", "public_id", "payload", "payload_file", "content_type", "headers", "event_type"}
 )
 LEASE_EXPIRED = "lease expired before the outcome was reported"
 

@@ -28,6 +28,7 @@ from jobs.queue.rules import (
     in_flight_cap,
     lease_expiry,
     receiving_push_consumers,
+    subscribed_consumer_ids,
 )
 from jobs.queue.types import (
     CLAIM_COLUMNS,
@@ -57,8 +58,8 @@ class PortableQueue(PortablePullOperations):
             return Inserted(channel_hash is not None, producer_hash is not None)
         if tokens and not tokens.match(channel_hash, producer_hash):
             return Inserted(True, True, tokens_matched=False)
-        consumer_ids = list(
-            Consumer.objects.filter(channel_id=message.channel_id).values_list("pk", flat=True)
+        consumer_ids = subscribed_consumer_ids(
+            _consumers_of(message.channel_id), message.event_type
         )
         message.status = status_after_fanout(bool(consumer_ids))
         message.dispatched_at = message.received_at if consumer_ids else None
@@ -74,16 +75,18 @@ class PortableQueue(PortablePullOperations):
         producer_found = Producer.objects.filter(pk=batch.producer_id).exists()
         if not (channel_found and producer_found):
             return InsertedBatch(channel_found, producer_found, [])
-        consumer_ids = sorted(
-            Consumer.objects.filter(channel_id=batch.channel_id).values_list("pk", flat=True)
-        )
-        rows = [_message_row(batch, message, bool(consumer_ids)) for message in batch.messages]
+        consumers = _consumers_of(batch.channel_id)
+        fanouts = [subscribed_consumer_ids(consumers, m.event_type) for m in batch.messages]
+        rows = [
+            _message_row(batch, message, bool(consumer_ids))
+            for message, consumer_ids in zip(batch.messages, fanouts, strict=True)
+        ]
         # One block: a duplicate ID rolls back every message of the batch, and only them.
         with transaction.atomic():
             Message.objects.bulk_create(rows)  # in the batch's order, keys set (RETURNING)
             Job.objects.bulk_create(
                 job
-                for row in rows
+                for row, consumer_ids in zip(rows, fanouts, strict=True)
                 if row.scheduled_for is None
                 for job in new_jobs(row, consumer_ids, batch.received_at)
             )
@@ -94,15 +97,23 @@ class PortableQueue(PortablePullOperations):
             due = list(
                 Message.objects.filter(status=SCHEDULED, scheduled_for__lte=now)
                 .order_by("scheduled_for", "pk")
-                .only("pk", "channel_id", "priority", "ordering_key")[:limit]
+                .only("pk", "channel_id", "priority", "ordering_key", "event_type")[:limit]
             )
-            consumers: dict[str, list[int]] = {}
-            for channel_id, consumer_id in Consumer.objects.filter(
-                channel_id__in={message.channel_id for message in due}
-            ).values_list("channel_id", "pk"):
-                consumers.setdefault(channel_id, []).append(consumer_id)
+            consumers: dict[str, list[tuple[int, list[str]]]] = {}
+            for channel_id, consumer_id, patterns in (
+                Consumer.objects.filter(channel_id__in={message.channel_id for message in due})
+                .order_by("pk")
+                .values_list("channel_id", "pk", "event_types")
+            ):
+                consumers.setdefault(channel_id, []).append((consumer_id, patterns))
             return sum(
-                _release_one(message, sorted(consumers.get(message.channel_id, [])), now)
+                _release_one(
+                    message,
+                    subscribed_consumer_ids(
+                        consumers.get(message.channel_id, []), message.event_type
+                    ),
+                    now,
+                )
                 for message in due
             )
 
@@ -146,12 +157,22 @@ def _message_row(batch: MessageBatch, message: NewMessage, has_consumers: bool) 
         priority=message.priority,
         headers=message.headers,
         ordering_key=message.ordering_key,
+        event_type=message.event_type,
         status=SCHEDULED if scheduled else status_after_fanout(has_consumers),
         received_at=batch.received_at,
         dispatched_at=batch.received_at if has_consumers and not scheduled else None,
         scheduled_for=message.scheduled_for,
         traceparent=message.traceparent,
         tracestate=message.tracestate,
+    )
+
+
+def _consumers_of(channel_id: str) -> list[tuple[int, list[str]]]:
+    """The channel's consumers in ID order, with their event type patterns."""
+    return list(
+        Consumer.objects.filter(channel_id=channel_id)
+        .order_by("pk")
+        .values_list("pk", "event_types")
     )
 
 

@@ -24,7 +24,13 @@ from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
 from jobs.queue.postgres_batch import batch_parameters, insert_batch_sql, inserted_batch
 from jobs.queue.postgres_pull import PostgresPullStatements
-from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, WAKEUP_CHANNEL, lease_expiry
+from jobs.queue.rules import (
+    DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER,
+    WAKEUP_CHANNEL,
+    lease_expiry,
+    matching_patterns_sql,
+    subscribed_sql,
+)
 from jobs.queue.types import ClaimedJob, Inserted, InsertedBatch, MessageBatch, TokenDigests
 from jobs.queue.wakeup import listen_for_jobs
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
@@ -42,7 +48,8 @@ _JOB_COLUMNS = """(message_id, consumer_id, status, priority, ordering_key, atte
 # Wakes idle dispatchers: PostgreSQL delivers it at commit, once per transaction.
 _NOTIFY = f"pg_notify('{WAKEUP_CHANNEL}', '')"
 
-# Publish: the message and one job per consumer of the channel in one statement: atomic by
+# Publish: the message and one job per subscribed consumer of the channel (rules.subscribed_sql)
+# in one statement: atomic by
 # itself, one round trip (a broadcast went from 8 round trips to 1 with it), and the consumers
 # are read in the same snapshot as the insert. The channel and producer are checked in it too,
 # and, for a broadcast, their tokens: the digests of the tokens given must equal the stored ones
@@ -54,14 +61,18 @@ WITH channel AS (
     SELECT id, token_hash FROM {Channel._meta.db_table} WHERE id = %(channel)s
 ), producer AS (
     SELECT id, token_hash FROM {Producer._meta.db_table} WHERE id = %(producer)s
+), subscription AS (
+    SELECT {matching_patterns_sql("%(event_type)s::text")} AS patterns
 ), consumers AS (
     SELECT consumer.id FROM {_CONSUMER} consumer JOIN channel ON consumer.channel_id = channel.id
+    CROSS JOIN subscription WHERE {subscribed_sql("consumer", "subscription.patterns")}
 ), message AS (
     INSERT INTO {_MESSAGE} (channel_id, producer_id, public_id, payload,
-        payload_file, payload_size, content_type, priority, headers, ordering_key, status,
-        received_at, dispatched_at, traceparent, tracestate)
+        payload_file, payload_size, content_type, priority, headers, ordering_key, event_type,
+        status, received_at, dispatched_at, traceparent, tracestate)
     SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(payload_file)s,
         %(payload_size)s, %(content_type)s, %(priority)s, %(headers)s::jsonb, %(ordering_key)s,
+        %(event_type)s,
         CASE WHEN EXISTS (SELECT FROM consumers) THEN '{_DISPATCHED}' ELSE '{_ACKNOWLEDGED}' END,
         %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END,
         %(traceparent)s, %(tracestate)s
@@ -86,13 +97,15 @@ INSERT_BATCH_SQL = insert_batch_sql(_JOB_COLUMNS, _NOTIFY)
 
 # Release of due scheduled messages: locks them (skipping those another caller holds; the status
 # test is re-checked on the locked row version, so a message released meanwhile is not taken
-# again), inserts their jobs, then marks them released; the consumers are read in the same
-# snapshot by both. Jobs are inserted in due order: job IDs define the order in which ordered
-# consumers receive a key's messages, so a scheduled message takes its place in that order at
-# its release. `AS MATERIALIZED` with the LIMIT: docs/queue-design.md (PostgreSQL bug #15715).
+# again), inserts their jobs for the consumers subscribed then (rules.subscribed_sql), then marks
+# them released; the consumers are read in the same snapshot by both. Jobs are inserted in due
+# order: job IDs define the order in which ordered consumers receive a key's messages, so a
+# scheduled message takes its place in that order at its release. `AS MATERIALIZED` with the
+# LIMIT: docs/queue-design.md (PostgreSQL bug #15715).
 RELEASE_DUE_SQL = f"""
 WITH due AS MATERIALIZED (
-    SELECT id, channel_id, priority, ordering_key, scheduled_for
+    SELECT id, channel_id, priority, ordering_key, scheduled_for,
+        {matching_patterns_sql("event_type")} AS patterns
     FROM {_MESSAGE}
     WHERE status = '{_SCHEDULED}' AND scheduled_for <= %(now)s
     ORDER BY scheduled_for, id
@@ -103,6 +116,7 @@ WITH due AS MATERIALIZED (
     SELECT due.id, consumer.id, '{QUEUED.value}', due.priority, due.ordering_key, 0, %(now)s, 0,
         '', %(now)s, %(now)s, %(now)s
     FROM due JOIN {_CONSUMER} consumer ON consumer.channel_id = due.channel_id
+        AND {subscribed_sql("consumer", "due.patterns")}
     ORDER BY due.scheduled_for, due.id, consumer.id
     RETURNING message_id
 ), released AS (
@@ -112,6 +126,7 @@ WITH due AS MATERIALIZED (
     FROM (
         SELECT due.id, EXISTS (
             SELECT FROM {_CONSUMER} consumer WHERE consumer.channel_id = due.channel_id
+                AND {subscribed_sql("consumer", "due.patterns")}
         ) AS has_consumers
         FROM due
     ) AS target
@@ -213,7 +228,7 @@ WHERE j.id = taken.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
     AND c.id = j.consumer_id
 RETURNING j.id, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at, j.created_at,
     m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
-    m.traceparent, m.tracestate
+    m.traceparent, m.tracestate, m.event_type
 """  # noqa: S608
 
 # Any answer that is not unavailability closes the circuit of its consumer (jobs/queue/circuit.py).
@@ -339,6 +354,7 @@ def _message_parameters(message: Message) -> dict[str, Any]:
         "priority": message.priority,
         "headers": json.dumps(message.headers),
         "ordering_key": message.ordering_key,
+        "event_type": message.event_type,
         "now": message.received_at,
         "traceparent": message.traceparent,
         "tracestate": message.tracestate,

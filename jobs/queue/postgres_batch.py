@@ -16,6 +16,7 @@ from typing import Any
 from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.models import Job
+from jobs.queue.rules import matching_patterns_sql, subscribed_sql
 from jobs.queue.types import InsertedBatch, MessageBatch
 from jobs.states import QUEUED
 
@@ -26,7 +27,8 @@ _STATUS = Message.Status
 def insert_batch_sql(job_columns: str, notify: str) -> str:
     """The batch publish: the channel and producer checked, every message inserted in the batch's
     order (so message IDs, and the job IDs made from them, follow it: an ordered consumer gets a
-    key's messages in that order), one QUEUED job per consumer for each unscheduled message, and
+    key's messages in that order), one QUEUED job per subscribed consumer (rules.subscribed_sql)
+    for each unscheduled message, and
     dispatchers woken once, at commit. The consumers are read once, in the snapshot of the
     inserts. A duplicate ID fails the whole statement (IntegrityError): nothing is inserted."""
     return f"""
@@ -35,37 +37,43 @@ WITH channel AS (
 ), producer AS (
     SELECT id FROM {Producer._meta.db_table} WHERE id = %(producer)s
 ), consumers AS MATERIALIZED (
-    SELECT consumer.id FROM {Consumer._meta.db_table} consumer
+    SELECT consumer.id, consumer.event_types FROM {Consumer._meta.db_table} consumer
     JOIN channel ON consumer.channel_id = channel.id
 ), item AS (
     -- One JSON array per message, its fields in the order of batch_parameters.
     SELECT e->>0 AS public_id, decode(e->>1, 'hex') AS payload, e->>2 AS payload_file,
         (e->>3)::int AS payload_size, e->>4 AS content_type, (e->>5)::int AS priority,
         e->6 AS headers, e->>7 AS ordering_key, (e->>8)::timestamptz AS scheduled_for,
-        e->>9 AS traceparent, e->>10 AS tracestate, position
+        e->>9 AS traceparent, e->>10 AS tracestate, e->>11 AS event_type, position
     FROM jsonb_array_elements(%(messages)s::jsonb) WITH ORDINALITY AS message_row(e, position)
 ), message AS (
     INSERT INTO {_MESSAGE} (channel_id, producer_id, public_id, payload, payload_file,
-        payload_size, content_type, priority, headers, ordering_key, status, received_at,
-        dispatched_at, scheduled_for, traceparent, tracestate)
+        payload_size, content_type, priority, headers, ordering_key, event_type, status,
+        received_at, dispatched_at, scheduled_for, traceparent, tracestate)
     SELECT channel.id, producer.id, item.public_id, item.payload, item.payload_file,
         item.payload_size, item.content_type, item.priority, item.headers,
-        item.ordering_key,
+        item.ordering_key, item.event_type,
         CASE WHEN item.scheduled_for IS NOT NULL THEN '{_STATUS.SCHEDULED.value}'
-            WHEN EXISTS (SELECT FROM consumers) THEN '{_STATUS.DISPATCHED.value}'
+            WHEN item.subscribed THEN '{_STATUS.DISPATCHED.value}'
             ELSE '{_STATUS.ACKNOWLEDGED.value}' END,
         %(now)s,
-        CASE WHEN item.scheduled_for IS NULL AND EXISTS (SELECT FROM consumers)
-            THEN %(now)s::timestamptz END,
+        CASE WHEN item.scheduled_for IS NULL AND item.subscribed THEN %(now)s::timestamptz END,
         item.scheduled_for, item.traceparent, item.tracestate
-    FROM item, channel, producer
+    FROM (
+        SELECT item.*, EXISTS (
+            SELECT FROM consumers WHERE {subscribed_sql("consumers", "item.patterns")}
+        ) AS subscribed
+        FROM (SELECT item.*, {matching_patterns_sql("item.event_type")} AS patterns FROM item) item
+    ) AS item, channel, producer
     ORDER BY item.position
-    RETURNING id, public_id, priority, ordering_key, scheduled_for
+    RETURNING id, public_id, priority, ordering_key, event_type, scheduled_for
 ), jobs AS (
     INSERT INTO {Job._meta.db_table} {job_columns}
     SELECT message.id, consumers.id, '{QUEUED.value}', message.priority, message.ordering_key, 0,
         %(now)s, 0, '', %(now)s, %(now)s, %(now)s
-    FROM message, consumers
+    FROM (SELECT message.*, {matching_patterns_sql("message.event_type")} AS patterns
+        FROM message) message
+    JOIN consumers ON {subscribed_sql("consumers", "message.patterns")}
     WHERE message.scheduled_for IS NULL
     ORDER BY message.id, consumers.id
     RETURNING message_id
@@ -99,6 +107,7 @@ def batch_parameters(batch: MessageBatch) -> dict[str, Any]:
             m.scheduled_for.isoformat() if m.scheduled_for else None,
             m.traceparent,
             m.tracestate,
+            m.event_type,
         ]
         for m in batch.messages
     ]

@@ -1,5 +1,6 @@
 """The rules every queue operation applies, written once: lease length, in-flight caps, which
-consumers may receive (pause, circuit breaker) and which jobs of an ordered consumer may go out.
+consumers may receive (pause, circuit breaker), which consumers a message fans out to (event
+types) and which jobs of an ordered consumer may go out.
 
 The PostgreSQL statements (jobs/queue/postgres.py) apply the same rules in SQL, each statement
 naming the rule it follows here; the tests of jobs/queue run every operation on both databases.
@@ -11,6 +12,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from broker import event_types
 from broker.conf import broker_settings
 from consumers.models import Consumer
 from jobs.models import Job, JobQuerySet
@@ -44,6 +46,31 @@ def receiving_push_consumers(now: datetime) -> QuerySet[Consumer]:
     return Consumer.objects.filter(type=Consumer.Type.PUSH, paused=False).filter(
         Q(circuit_open_until__isnull=True) | Q(circuit_open_until__lte=now)
     )
+
+
+def subscribed_consumer_ids(
+    consumers: list[tuple[int, list[str]]], event_type: str | None
+) -> list[int]:
+    """The IDs, in their order, of the (ID, event type patterns) consumers that a message of
+    `event_type` fans out to (broker/event_types.py)."""
+    return [pk for pk, patterns in consumers if event_types.matches(patterns, event_type)]
+
+
+def matching_patterns_sql(event_type: str) -> str:
+    """SQL: the text[] of every pattern that matches a message whose type is the SQL expression
+    `event_type` (NULL: untyped): `*`, the type itself, and each of its prefixes followed by `*`
+    (`o*`, `or*`, ..., `order.created*`). Computed once per message, so that matching a consumer
+    is one C operator over its patterns (`subscribed_sql`), not a subquery per consumer."""
+    prefixes = f"coalesce(array_agg(left({event_type}, n) || '*'), '{{}}')"
+    return f"""(SELECT ARRAY['*', {event_type}] || {prefixes}
+        FROM generate_series(1, length({event_type})) AS n)"""  # noqa: S608 (code, not values)
+
+
+def subscribed_sql(consumer: str, matching: str) -> str:
+    """`subscribed_consumer_ids`'s rule in SQL: whether the consumer row `consumer` receives a
+    message whose `matching_patterns_sql` is the SQL expression `matching`: it has no patterns,
+    or one of them is among those (jsonb's `?|`)."""
+    return f"({consumer}.event_types = '[]'::jsonb OR {consumer}.event_types ?| {matching})"
 
 
 def in_flight_cap(consumer: Consumer) -> int:

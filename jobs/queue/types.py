@@ -24,6 +24,7 @@ class OutgoingMessage:
     headers: dict[str, str]
     traceparent: str | None = None  # the message's trace context (broker/tracing.py)
     tracestate: str | None = None
+    event_type: str | None = None  # sent as X-Broker-Event-Type when set
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class ClaimedJob:
         reads jsonb as text and leaves parsing to JSONField)."""
         job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, created_at = row[:7]
         message_id, payload, payload_file, content_type, message_priority, headers = row[7:13]
-        traceparent, tracestate = row[13:]
+        traceparent, tracestate, event_type = row[13:]
         message = OutgoingMessage(
             message_id,
             bytes(payload),
@@ -55,6 +56,7 @@ class ClaimedJob:
             json.loads(headers) if isinstance(headers, str) else headers,
             traceparent,
             tracestate,
+            event_type,
         )
         return cls(
             job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, created_at, message
@@ -79,6 +81,7 @@ CLAIM_COLUMNS = (
     "message__headers",
     "message__traceparent",
     "message__tracestate",
+    "message__event_type",
 )
 
 
@@ -181,6 +184,7 @@ class NewMessage(NamedTuple):
     scheduled_for: datetime | None = None
     traceparent: str | None = None
     tracestate: str | None = None
+    event_type: str | None = None
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,7 @@ def test_queued_jobs_shows_each_job_with_its_message(client, worker):
                     "PayloadEncoding": "utf-8",
                     "Headers": {"X-Trace": "abc"},
                     "ContentType": "application/json",
+                    "EventType": None,
                 },
             }
         ]

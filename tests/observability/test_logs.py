@@ -375,7 +375,7 @@ def test_a_dispatcher_process_logs_json_lines(receiver):
     publish(channel, b"x", producer="shop", message_id="by-the-process")
     process = start_dispatcher(BROKER_LOG_FORMAT="json", DJANGO_LOG_LEVEL="INFO")
     try:
-        wait_until(lambda: Job.objects.filter(status=DELIVERED).exists(), seconds=30)
+        wait_until(lambda: Job.objects.filter(status=DELIVERED).exists(), seconds=60)
         output = stop(process)
     finally:
         kill_if_running(process)

@@ -352,6 +352,7 @@ def test_put_creates_a_schedule_and_get_reads_it(admin_client, orders):
         "Priority": 0,
         "Headers": {"X-Kind": "ping"},
         "OrderingKey": "",
+        "EventType": None,
         "IntervalSeconds": 60,
         "Cron": None,
         "TimeZone": "UTC",
@@ -573,3 +574,25 @@ def test_admin_changes_are_validated_and_move_the_next_run(superuser_client, ord
     periodic.refresh_from_db()
     assert (periodic.cron, periodic.interval_seconds) == ("0 9 * * *", None)
     assert periodic.next_run_at == utc(2025, 1, 2, 8)
+
+
+def test_a_schedules_event_type_goes_with_its_ticks(admin_client, orders):
+    for name, patterns in {"billing": ["report.*"], "audit": ["audit.*"]}.items():
+        consumer = make_consumer(orders, name)
+        consumer.event_types = patterns
+        consumer.save()
+    typed = {**EVERY_MINUTE, "eventType": "report.daily"}
+    assert put(admin_client, f"{URL}/ping", typed).status_code == 200
+    refused = put(admin_client, f"{URL}/bad", {**typed, "eventType": "no spaces"})
+    assert refused.status_code == 400
+    assert "Event type" in refused.json()["Error"]
+    due = PeriodicMessage.objects.get().next_run_at
+    assert due is not None
+
+    run_due_ticks(now=due)
+
+    body = admin_client.get(f"{URL}/ping").json()
+    assert body["EventType"] == "report.daily"
+    message = Message.objects.get(public_id=body["LastMessageID"])
+    assert message.event_type == "report.daily"
+    assert [job.consumer.public_id for job in Job.objects.filter(message=message)] == ["billing"]

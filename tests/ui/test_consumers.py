@@ -50,6 +50,7 @@ def settings_form(**fields) -> dict[str, str]:
         "non_retryable_statuses": "",
         "max_in_flight": "",
         "max_job_age": "",
+        "event_types": "",
         "token": "",
         "signing_secret": "",
         **fields,
@@ -248,6 +249,7 @@ def test_create_generates_a_token_and_shows_it_once(staff_client):
         non_retryable_statuses="400,422",
         max_in_flight="8",
         max_job_age="3600",
+        event_types="order.*, invoice.paid",
     )
 
     assert response.status_code == 200
@@ -260,6 +262,7 @@ def test_create_generates_a_token_and_shows_it_once(staff_client):
     assert consumer.non_retryable_statuses == [400, 422]
     assert consumer.max_in_flight == 8
     assert consumer.max_job_age == 3600
+    assert consumer.event_types == ["order.*", "invoice.paid"]
     assert token not in shown(staff_client)  # only that once
 
 
@@ -306,6 +309,8 @@ BAD_SETTINGS = [
     ("max_in_flight", "maxInFlight", "1,2"),
     ("max_job_age", "maxJobAge", "-1"),
     ("max_job_age", "maxJobAge", "soon"),
+    ("event_types", "eventTypes", "order.**"),
+    ("event_types", "eventTypes", "has space"),
     ("signing_secret", "signingSecret", "whsec_short"),
 ]
 
@@ -355,6 +360,7 @@ def test_private_callbacks_are_refused_unless_allowed(staff_client, settings, ur
 
 def test_the_edit_form_starts_from_the_current_settings(staff_client, billing):
     billing.retry_delays, billing.max_in_flight = [5, 60], 3
+    billing.event_types = ["order.*", "invoice.paid"]
     billing.save()
 
     form = staff_client.get(f"{PAGE}/edit").context["form"]
@@ -362,6 +368,9 @@ def test_the_edit_form_starts_from_the_current_settings(staff_client, billing):
     assert form.initial["callback_url"] == billing.callback_url
     assert form.initial["retry_delays"] == "5, 60"
     assert form.initial["max_in_flight"] == 3
+    assert form.initial["event_types"] == "order.*, invoice.paid"
+    page = staff_client.get(PAGE).content.decode()
+    assert "<code>order.*</code>, <code>invoice.paid</code>" in page
     assert form.initial["changed_at"] == billing.changed_at.isoformat()
 
 

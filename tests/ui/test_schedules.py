@@ -524,11 +524,18 @@ def test_periodic_pages_follow_a_cursor_with_a_fixed_number_of_queries(
 def test_create_a_periodic_message(staff_client, orders, clock):
     response = staff_client.post(
         "/ui/periodic/new",
-        periodic_form(id="ping", intervalSeconds="60", headers='{"X-Kind": "ping"}', priority="2"),
+        periodic_form(
+            id="ping",
+            intervalSeconds="60",
+            headers='{"X-Kind": "ping"}',
+            priority="2",
+            eventType="report.daily",
+        ),
         follow=True,
     )
 
     periodic = PeriodicMessage.objects.get()
+    assert periodic.event_type == "report.daily"
     assert response.redirect_chain == [("/ui/periodic/orders/ping", 302)]
     assert flashed(response) == ["Periodic message ping was created."]
     assert (periodic.interval_seconds, periodic.cron, periodic.enabled) == (60, "", True)
