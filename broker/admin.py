@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from django import forms
@@ -11,7 +12,15 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from broker.models import Channel, Message, PeriodicMessage, Producer, TokenProtected
+from broker import event_catalogue
+from broker.models import (
+    Channel,
+    EventType,
+    Message,
+    PeriodicMessage,
+    Producer,
+    TokenProtected,
+)
 from broker.periodic import (
     InvalidSchedule,
     reschedule,
@@ -65,6 +74,33 @@ class TokenProtectedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 admin.site.register(Producer, TokenProtectedAdmin)
 admin.site.register(Channel, TokenProtectedAdmin)
+
+
+class EventTypeForm(forms.ModelForm):  # type: ignore[type-arg]
+    def clean_name(self) -> str:
+        try:
+            return event_catalogue.checked_name(self.cleaned_data["name"])
+        except event_catalogue.InvalidCatalogueEntry as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_schema(self) -> dict[str, Any] | None:
+        """The API's check of a schema: valid for its draft."""
+        schema = self.cleaned_data["schema"]
+        try:
+            return event_catalogue.checked_schema("" if schema is None else json.dumps(schema))
+        except event_catalogue.InvalidCatalogueEntry as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+@admin.register(EventType)
+class EventTypeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """The event type catalogue (docs/api.md, "Event type catalogue")."""
+
+    form = EventTypeForm
+    list_display = ["name", "channel", "changed_at"]
+    list_filter = ["channel"]
+    search_fields = ["name", "description"]
+    readonly_fields = ["created_at", "changed_at"]
 
 
 @admin.register(Message)

@@ -262,6 +262,27 @@ def delete_offloaded_payload(sender: type[Message], instance: Message, **kwargs:
         payloads.delete_on_commit(instance.payload_file)
 
 
+class EventType(ChangeTracked):
+    """An entry of a channel's event type catalogue (broker/event_catalogue.py): what a type
+    means and, optionally, the JSON Schema its JSON payloads must match."""
+
+    channel = models.ForeignKey(
+        Channel, on_delete=models.CASCADE, related_name="event_types", db_index=False
+    )
+    name = models.CharField(max_length=255)  # an event type (broker/event_types.py)
+    description = models.TextField(blank=True, default="")
+    schema = models.JSONField(null=True, blank=True)  # a JSON Schema; null: none
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "name"], name="event_type_name_unique"),
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.channel_id}/{self.name}"
+
+
 class PeriodicMessage(ChangeTracked):
     """A message published on a schedule (docs/periodic.md): every `interval_seconds`, or at the
     times of the cron expression `cron` in the time zone `timezone`. Each tick publishes one

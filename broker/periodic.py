@@ -21,10 +21,12 @@ from croniter import CroniterError, croniter
 from django.db import transaction
 from django.utils import timezone
 
+from broker.event_catalogue import Schemas
 from broker.models import Message, PeriodicMessage
 from broker.publishing import (
     DuplicateMessage,
     PublishError,
+    check_against_catalogue,
     check_event_type,
     check_message,
     publish,
@@ -165,6 +167,12 @@ def validate_publishable(schedule: PeriodicMessage) -> None:
         schedule.ordering_key,
     )
     check_event_type(schedule.event_type)
+    check_against_catalogue(
+        Schemas(schedule.channel_id),
+        schedule.event_type,
+        bytes(schedule.payload),
+        schedule.content_type,
+    )
 
 
 def tick_message_id(schedule: PeriodicMessage, tick: datetime) -> str:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
-from broker import event_types, payloads, tracing
+from broker import event_catalogue, event_types, payloads, tracing
 from broker.conf import broker_settings
 from broker.models import MESSAGE_ID_PATTERN, Channel, Message, Producer
 from broker.xids import new_xid
@@ -156,6 +156,7 @@ def publish(
             payload, message_id, priority, headers or {}, content_type, ordering_key
         )
         check_event_type(event_type)
+        check_against_catalogue(event_catalogue.Schemas(channel_id), event_type, body, content_type)
         if scheduled_for is not None:
             scheduled_for = check_schedule(scheduled_for)
         message = Message(
@@ -306,6 +307,17 @@ def check_event_type(event_type: str | None) -> None:
         event_types.checked_event_type(event_type)
     except event_types.InvalidEventType as exc:
         raise InvalidMessage(str(exc), "event_type") from None
+
+
+def check_against_catalogue(
+    schemas: event_catalogue.Schemas, event_type: str | None, body: bytes, content_type: str
+) -> None:
+    """InvalidMessage when the channel's event type catalogue has a schema for `event_type` and
+    the JSON payload does not match it (broker/event_catalogue.py)."""
+    try:
+        schemas.check(event_type, body, content_type)
+    except event_catalogue.PayloadRefused as exc:
+        raise InvalidMessage(str(exc), "payload") from None
 
 
 def _validate_ordering_key(key: str) -> None:

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from broker import payloads, tracing
 from broker.conf import broker_settings
+from broker.event_catalogue import Schemas
 from broker.models import Channel, Message, Producer
 from broker.publishing import (
     DuplicateMessage,
@@ -31,6 +32,7 @@ from broker.publishing import (
     PublishError,
     UnknownChannel,
     UnknownProducer,
+    check_against_catalogue,
     check_event_type,
     check_message,
     check_schedule,
@@ -147,11 +149,12 @@ def check_batch(
     found = list(errors)
     refused = {error.index for error in found}
     rows = []
+    schemas = Schemas(channel_id)
     for index, message in enumerate(messages):
         if index in refused:
             continue
         try:
-            rows.append(_checked(channel_id, producer_id, message))
+            rows.append(_checked(channel_id, producer_id, message, schemas))
         except PublishError as error:
             too_large = isinstance(error, PayloadTooLarge)
             found.append(ItemError(index, error.field or "payload", str(error), too_large))
@@ -164,7 +167,9 @@ def check_batch(
     return rows
 
 
-def _checked(channel_id: str, producer_id: str, message: BatchMessage) -> NewMessage:
+def _checked(
+    channel_id: str, producer_id: str, message: BatchMessage, schemas: Schemas
+) -> NewMessage:
     """One message as `publish()` checks it, ready to insert (its payload not yet offloaded)."""
     message_id = message.message_id if message.message_id is not None else new_xid()
     ordering_key = message.ordering_key or ""
@@ -181,6 +186,7 @@ def _checked(channel_id: str, producer_id: str, message: BatchMessage) -> NewMes
             ordering_key,
         )
         check_event_type(message.event_type)
+        check_against_catalogue(schemas, message.event_type, body, content_type)
         scheduled_for = message.scheduled_for
         if scheduled_for is not None:
             scheduled_for = check_schedule(scheduled_for)

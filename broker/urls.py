@@ -11,6 +11,7 @@ from broker import views
 from broker.api import errors
 from broker.api.broadcast import BroadcastView
 from broker.api.broadcast_batch import BroadcastBatchView
+from broker.api.event_types import EventTypeDetailView, EventTypeListView
 from broker.api.messages import (
     MessageDetailView,
     MessageListView,
@@ -74,6 +75,8 @@ urlpatterns = [
         "channel/<key:channel_id>/scheduled-message/<key:message_id>",
         ScheduledMessageDetailView.as_view(),
     ),
+    path("channel/<key:channel_id>/event-types", EventTypeListView.as_view()),
+    path("channel/<key:channel_id>/event-type/<key:name>", EventTypeDetailView.as_view()),
     path("channel/<key:channel_id>/periodic-messages", PeriodicMessageListView.as_view()),
     path(
         "channel/<key:channel_id>/periodic-message/<key:periodic_id>",

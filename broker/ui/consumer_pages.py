@@ -23,6 +23,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.utils import timezone
 
+from broker import event_types
+from broker.models import EventType
 from broker.ui import inputs, paging
 from broker.ui.access import (
     ADD_CONSUMERS,
@@ -123,8 +125,15 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
         "previous_secret_signs": len(consumer.active_signing_secrets(now)) > 1,
         "job_counts": job_counts(consumer),
         "test_event": request.session.pop(_test_event_key(consumer), None),
+        "received_types": received_types(consumer),
     }
     return render(request, "ui/consumer.html", context)
+
+
+def received_types(consumer: Consumer) -> list[EventType]:
+    """The entries of its channel's event type catalogue that its patterns receive."""
+    catalogue = EventType.objects.filter(channel_id=consumer.channel_id).only("name", "description")
+    return [entry for entry in catalogue if event_types.matches(consumer.event_types, entry.name)]
 
 
 def job_counts(consumer: Consumer) -> dict[str, BoundedCount]:

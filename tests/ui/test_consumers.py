@@ -657,3 +657,17 @@ def test_pull_consumers_get_no_test_events(staff_client, receiver):
 
     assert receiver.received == []
     assert "a pull consumer fetches its jobs" in shown(staff_client)
+
+
+def test_the_page_lists_the_catalogued_types_it_receives(staff_client, billing):
+    from broker.models import EventType
+
+    for name, description in [("order.created", "An order was placed."), ("invoice.paid", "")]:
+        EventType.objects.create(channel_id=billing.channel_id, name=name, description=description)
+    billing.event_types = ["order.*"]
+    billing.save()
+
+    page = staff_client.get(PAGE).content.decode()
+
+    assert "<code>order.created</code>: An order was placed." in page
+    assert "<code>invoice.paid</code>" not in page
