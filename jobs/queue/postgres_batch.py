@@ -28,9 +28,9 @@ def insert_batch_sql(job_columns: str, notify: str) -> str:
     """The batch publish: the channel and producer checked, every message inserted in the batch's
     order (so message IDs, and the job IDs made from them, follow it: an ordered consumer gets a
     key's messages in that order), one QUEUED job per subscribed consumer (rules.subscribed_sql)
-    for each unscheduled message, and
-    dispatchers woken once, at commit. The consumers are read once, in the snapshot of the
-    inserts. A duplicate ID fails the whole statement (IntegrityError): nothing is inserted."""
+    for each unscheduled message, and dispatchers woken once, at commit. The consumers are read
+    once, in the snapshot of the inserts. A duplicate ID fails the whole statement
+    (IntegrityError): nothing is inserted."""
     return f"""
 WITH channel AS (
     SELECT id FROM {Channel._meta.db_table} WHERE id = %(channel)s
@@ -44,7 +44,8 @@ WITH channel AS (
     SELECT e->>0 AS public_id, decode(e->>1, 'hex') AS payload, e->>2 AS payload_file,
         (e->>3)::int AS payload_size, e->>4 AS content_type, (e->>5)::int AS priority,
         e->6 AS headers, e->>7 AS ordering_key, (e->>8)::timestamptz AS scheduled_for,
-        e->>9 AS traceparent, e->>10 AS tracestate, e->>11 AS event_type, position
+        e->>9 AS traceparent, e->>10 AS tracestate, e->>11 AS event_type,
+        {matching_patterns_sql("e->>11")} AS patterns, position
     FROM jsonb_array_elements(%(messages)s::jsonb) WITH ORDINALITY AS message_row(e, position)
 ), message AS (
     INSERT INTO {_MESSAGE} (channel_id, producer_id, public_id, payload, payload_file,
@@ -63,17 +64,16 @@ WITH channel AS (
         SELECT item.*, EXISTS (
             SELECT FROM consumers WHERE {subscribed_sql("consumers", "item.patterns")}
         ) AS subscribed
-        FROM (SELECT item.*, {matching_patterns_sql("item.event_type")} AS patterns FROM item) item
+        FROM item
     ) AS item, channel, producer
     ORDER BY item.position
-    RETURNING id, public_id, priority, ordering_key, event_type, scheduled_for
+    RETURNING id, public_id, priority, ordering_key, scheduled_for
 ), jobs AS (
     INSERT INTO {Job._meta.db_table} {job_columns}
     SELECT message.id, consumers.id, '{QUEUED.value}', message.priority, message.ordering_key, 0,
         %(now)s, 0, '', %(now)s, %(now)s, %(now)s
-    FROM (SELECT message.*, {matching_patterns_sql("message.event_type")} AS patterns
-        FROM message) message
-    JOIN consumers ON {subscribed_sql("consumers", "message.patterns")}
+    FROM message JOIN item ON item.public_id = message.public_id
+    JOIN consumers ON {subscribed_sql("consumers", "item.patterns")}
     WHERE message.scheduled_for IS NULL
     ORDER BY message.id, consumers.id
     RETURNING message_id

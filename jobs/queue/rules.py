@@ -58,12 +58,14 @@ def subscribed_consumer_ids(
 
 def matching_patterns_sql(event_type: str) -> str:
     """SQL: the text[] of every pattern that matches a message whose type is the SQL expression
-    `event_type` (NULL: untyped): `*`, the type itself, and each of its prefixes followed by `*`
-    (`o*`, `or*`, ..., `order.created*`). Computed once per message, so that matching a consumer
-    is one C operator over its patterns (`subscribed_sql`), not a subquery per consumer."""
-    prefixes = f"coalesce(array_agg(left({event_type}, n) || '*'), '{{}}')"
-    return f"""(SELECT ARRAY['*', {event_type}] || {prefixes}
+    `event_type`: `*`, the type itself, and each of its prefixes followed by `*` (`o*`, `or*`,
+    ..., `order.created*`); `*` alone for an untyped message (NULL). Computed once per message,
+    so that matching a consumer is one C operator over its patterns (`subscribed_sql`), not a
+    subquery per consumer."""
+    prefixes = f"""(SELECT ARRAY['*', {event_type}] || array_agg(left({event_type}, n) || '*')
         FROM generate_series(1, length({event_type})) AS n)"""  # noqa: S608 (code, not values)
+    # An untyped message (most, on a channel without event types) needs no subquery.
+    return f"(CASE WHEN {event_type} IS NULL THEN ARRAY['*'] ELSE {prefixes} END)"
 
 
 def subscribed_sql(consumer: str, matching: str) -> str:
