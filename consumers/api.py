@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.conditional import require_unmodified_since, with_last_modified
-from broker.api.pagination import paginate
+from broker.api.pagination import url_page
 from broker.api.schema import IF_UNMODIFIED_SINCE
 from broker.api.serializers import (
     ListResultSerializer,
@@ -116,8 +116,7 @@ class ConsumerListView(APIView):
     @extend_schema(responses={200: ListResultSerializer})
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
-        items, pages = paginate(request, Consumer.objects.filter(channel=channel))
-        return Response({"Result": [consumer_url(item) for item in items], "Pages": pages})
+        return url_page(request, Consumer.objects.filter(channel=channel), consumer_url)
 
 
 class ConsumerDetailView(APIView):

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from broker import event_catalogue
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.errors import ApiError
-from broker.api.pagination import paginate
+from broker.api.pagination import url_page
 from broker.api.schema import IF_UNMODIFIED_SINCE
 from broker.api.serializers import ListResultSerializer, read_form
 from broker.models import Channel, EventType
@@ -61,8 +61,7 @@ class EventTypeListView(APIView):
     @extend_schema(responses={200: ListResultSerializer})
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
-        items, pages = paginate(request, EventType.objects.filter(channel=channel))
-        return Response({"Result": [event_type_url(item) for item in items], "Pages": pages})
+        return url_page(request, EventType.objects.filter(channel=channel), event_type_url)
 
 
 class EventTypeDetailView(APIView):

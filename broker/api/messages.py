@@ -19,7 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
-from broker.api.pagination import paginate
+from broker.api.pagination import url_page
 from broker.api.scheduled import PENDING, RELEASED, scheduled_messages_url
 from broker.api.serializers import ErrorSerializer, ListResultSerializer, PayloadFieldsMixin
 from broker.models import Channel, Message
@@ -81,9 +81,12 @@ class MessageListView(APIView):
             messages = messages.filter(status__in=statuses)
         else:
             messages = messages.exclude(status=Message.Status.SCHEDULED)
-        items, pages = paginate(request, messages.only("pk", "public_id"), keys=("pk",))
-        urls = [f"/channel/{channel.pk}/message/{item.public_id}" for item in items]
-        return Response({"Result": urls, "Pages": pages})
+        return url_page(
+            request,
+            messages.only("pk", "public_id"),
+            lambda item: f"/channel/{channel.pk}/message/{item.public_id}",
+            keys=("pk",),
+        )
 
 
 def _status(value: str) -> str:

@@ -8,7 +8,7 @@ unlike it, links keep the request's other query parameters (such as `status`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Field, Model, Q, QuerySet
 from rest_framework import status
 from rest_framework.request import Request
+from rest_framework.response import Response
 
 from broker.api.errors import ApiError
 
@@ -49,6 +50,17 @@ def paginate(
         "next": _link(request, "next", _make_cursor(items[-1], keys)),
         "previous": _link(request, "previous", _make_cursor(items[0], keys)),
     }
+
+
+def url_page(
+    request: Request,
+    queryset: QuerySet[M],
+    url_of: Callable[[M], str],
+    keys: Sequence[str] = ("created_at", "pk"),
+) -> Response:
+    """A list endpoint's answer: one page of `queryset` as resource URLs, and its `Pages`."""
+    items, pages = paginate(request, queryset, keys)
+    return Response({"Result": [url_of(item) for item in items], "Pages": pages})
 
 
 def _beyond(keys: Sequence[str], values: list[Any], lookup: str) -> Q:

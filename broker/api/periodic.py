@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.errors import ApiError
-from broker.api.pagination import paginate
+from broker.api.pagination import url_page
 from broker.api.schema import IF_UNMODIFIED_SINCE
 from broker.api.serializers import ListResultSerializer, encode_payload, read_form, validate_path_id
 from broker.models import Channel, PeriodicMessage
@@ -86,8 +86,7 @@ class PeriodicMessageListView(APIView):
     @extend_schema(responses={200: ListResultSerializer})
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
-        items, pages = paginate(request, PeriodicMessage.objects.filter(channel=channel))
-        return Response({"Result": [periodic_url(item) for item in items], "Pages": pages})
+        return url_page(request, PeriodicMessage.objects.filter(channel=channel), periodic_url)
 
     @extend_schema(
         request=PeriodicMessagePostForm,

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.conditional import require_unmodified_since, with_last_modified
-from broker.api.pagination import paginate
+from broker.api.pagination import url_page
 from broker.api.schema import IF_UNMODIFIED_SINCE
 from broker.api.serializers import (
     ListResultSerializer,
@@ -51,8 +51,7 @@ class StakeholderListView(APIView):
 
     @extend_schema(responses={200: ListResultSerializer})
     def get(self, request: Request) -> Response:
-        items, pages = paginate(request, self.model.objects.all())
-        return Response({"Result": [f"/{self.path}/{item.pk}" for item in items], "Pages": pages})
+        return url_page(request, self.model.objects.all(), lambda item: f"/{self.path}/{item.pk}")
 
 
 class StakeholderDetailView(APIView):
