@@ -26,7 +26,6 @@ from broker.models import Message, PeriodicMessage
 from broker.publishing import (
     DuplicateMessage,
     PublishError,
-    check_against_catalogue,
     check_event_type,
     check_message,
     publish,
@@ -166,12 +165,11 @@ def validate_publishable(schedule: PeriodicMessage) -> None:
         schedule.content_type,
         schedule.ordering_key,
     )
-    check_event_type(schedule.event_type)
-    check_against_catalogue(
-        Schemas(schedule.channel_id),
+    check_event_type(
         schedule.event_type,
         bytes(schedule.payload),
         schedule.content_type,
+        Schemas(schedule.channel_id),
     )
 
 

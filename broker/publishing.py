@@ -155,8 +155,7 @@ def publish(
         body, content_type = check_message(
             payload, message_id, priority, headers or {}, content_type, ordering_key
         )
-        check_event_type(event_type)
-        check_against_catalogue(event_catalogue.Schemas(channel_id), event_type, body, content_type)
+        check_event_type(event_type, body, content_type, event_catalogue.Schemas(channel_id))
         if scheduled_for is not None:
             scheduled_for = check_schedule(scheduled_for)
         message = Message(
@@ -297,8 +296,12 @@ def _validate(message_id: str, priority: int, headers: dict[str, str]) -> None:
     _validate_headers(headers)
 
 
-def check_event_type(event_type: str | None) -> None:
-    """InvalidMessage naming the rule when `event_type` is given and not a valid one."""
+def check_event_type(
+    event_type: str | None, body: bytes, content_type: str, schemas: event_catalogue.Schemas
+) -> None:
+    """InvalidMessage when `event_type` is given and not a valid one (naming the rule), or when
+    the channel's event type catalogue has a schema for it that the JSON payload does not match
+    (broker/event_catalogue.py)."""
     if event_type is None:
         return
     if not isinstance(event_type, str):
@@ -307,13 +310,6 @@ def check_event_type(event_type: str | None) -> None:
         event_types.checked_event_type(event_type)
     except event_types.InvalidEventType as exc:
         raise InvalidMessage(str(exc), "event_type") from None
-
-
-def check_against_catalogue(
-    schemas: event_catalogue.Schemas, event_type: str | None, body: bytes, content_type: str
-) -> None:
-    """InvalidMessage when the channel's event type catalogue has a schema for `event_type` and
-    the JSON payload does not match it (broker/event_catalogue.py)."""
     try:
         schemas.check(event_type, body, content_type)
     except event_catalogue.PayloadRefused as exc:

@@ -32,7 +32,6 @@ from broker.publishing import (
     PublishError,
     UnknownChannel,
     UnknownProducer,
-    check_against_catalogue,
     check_event_type,
     check_message,
     check_schedule,
@@ -185,8 +184,7 @@ def _checked(
             message.content_type,
             ordering_key,
         )
-        check_event_type(message.event_type)
-        check_against_catalogue(schemas, message.event_type, body, content_type)
+        check_event_type(message.event_type, body, content_type, schemas)
         scheduled_for = message.scheduled_for
         if scheduled_for is not None:
             scheduled_for = check_schedule(scheduled_for)

@@ -86,16 +86,11 @@ async def post(
     except UnsafeCallback as exc:
         return ended(request, started_at, started, "unsafe-callback", str(exc))
     stream: AsyncIterator[bytes] | None = None
+    size = 0
     if isinstance(body, File):  # libcurl sends Content-Length from the size it is given
         stream, size, body = chunks_of(body), body.size, b""
     answer = await session.post(
-        request.url,
-        header_lines(headers),
-        body,
-        on_sent,
-        stream=stream,
-        size=size if stream else 0,
-        timeout=timeout,
+        request.url, header_lines(headers), body, on_sent, stream=stream, size=size, timeout=timeout
     )
     if answer.error_code:
         error_class, error = _error_of(answer, request.url, timeout)
