@@ -21,6 +21,9 @@ Scenarios (`--scenario`, comma-separated, default `all`):
              and the cost of its claim statement with 10,000 and 1,000,000 queued jobs
     scheduled  200 messages scheduled 0.1 s apart, released by two dispatchers: how late each
              was released and delivered after its time, and that each went out exactly once
+    ratelimit  a consumer with maxPerSecond 20 (--rate-limit) and a backlog, beside an unlimited
+             one, on two dispatchers: what the limited one got in 60 s (--rate-seconds) and in
+             its busiest second, and the unlimited one's drain rate against its rate alone
 
 The benchmark creates a fresh PostgreSQL database `bench_dispatch` on 127.0.0.1:5432 (dropped
 first if left over) and migrates it; every run empties the tables, creates the consumers and
@@ -31,7 +34,7 @@ drain is timed from the first request at the receiver until SQL counts every job
 the dispatchers get SIGTERM, and the script checks with SQL and the receiver's counts that every
 job was delivered exactly once. It talks to 127.0.0.1 only, stops by itself and drops the database.
 
-    .venv/bin/python bench/dispatch.py                         # everything, about 4 minutes
+    .venv/bin/python bench/dispatch.py                         # everything, about 6 minutes
     .venv/bin/python bench/dispatch.py --scenario drain,celery
     .venv/bin/python bench/dispatch.py --scenario rss --rss-seconds 600 --rss-rate 2000
     .venv/bin/python bench/dispatch.py --help
@@ -48,6 +51,7 @@ import itertools
 import math
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -99,7 +103,9 @@ from psycopg import sql
 from steady_publish import publish_steadily
 
 RABBITMQ_PORT = 5672
-SCENARIOS = ["drain", "celery", "slow", "latency", "backlog", "rss", "ordered", "scheduled"]
+SCENARIOS = [
+    "drain", "celery", "slow", "latency", "backlog", "rss", "ordered", "scheduled", "ratelimit"
+]  # fmt: skip
 BACKLOG_KINDS = ["due", "future", "paused"]
 CELERY_APPLICATION = "celery_peer"  # bench/celery_peer.py
 
@@ -645,6 +651,100 @@ def scenario_scheduled(bench: Bench) -> None:
     )
 
 
+def scenario_ratelimit(bench: Bench) -> None:
+    from consumers.models import Consumer
+
+    args = bench.args
+    options = bench.options()
+    rate, seconds, jobs = args.rate_limit, args.rate_seconds, args.jobs
+    print(
+        f"\n== ratelimit: c0 with maxPerSecond {rate:g} and a backlog, c1 unlimited with {jobs:,}"
+        f" jobs, 2 dispatchers ({options}); c0 watched for {seconds:g} s"
+    )
+    with receivers(bench) as sinks:
+        limited, unlimited = prepare(bench, 2, sinks.port, args.max_in_flight or None)
+        make_due = functools.partial(queue_jobs, bench, jobs, [unlimited], "a")
+        drain_ours(bench, sinks, "c1 alone", 2, options, make_due, jobs)
+        alone = arrival_rate(arrivals(sinks.received(), "a", "c1"))
+        Consumer.objects.filter(pk=limited).update(max_per_second=rate)
+        sinks.reset()
+        with dispatchers(bench, 2, options) as running:
+            queue_jobs(bench, math.ceil(rate * (seconds + 30)), [limited], "r")
+            queue_jobs(bench, jobs, [unlimited], "u")
+            start = wait_for_first(sinks, "r", "c0", running)
+            time.sleep(max(start + seconds + 1 - time.time(), 0))
+            wait_for(lambda: len(arrivals(sinks.received(), "u", "c1")), jobs, 60, lambda: True)
+        received = sinks.received()
+    paced = [t for t in arrivals(received, "r", "c0") if t < start + seconds]
+    beside = arrival_rate(arrivals(received, "u", "c1"))
+    busiest = busiest_second(paced)
+    duplicates = sum(count - 1 for count, _ in received.values())
+    spent = bench.scalar(
+        "SELECT count(*) FROM jobs_job WHERE consumer_id = %(c)s AND status = 'QUEUED'"
+        " AND attempts > 0",
+        {"c": limited},
+    )
+    print(
+        f"  c0: {len(paced):,} delivered in {seconds:g} s (expected {rate * seconds:,.0f}),"
+        f" busiest second {busiest} (any 1-second window), {duplicates} duplicates,"
+        f" {spent} held-back jobs with an attempt used"
+    )
+    print(f"  c1: {beside:,.0f}/s beside c0, {alone:,.0f}/s alone ({beside / alone:.0%})")
+    expected = rate * seconds
+    bench.verdict(
+        "ratelimit",
+        f"c0 {len(paced):,} in {seconds:g} s, busiest second {busiest}",
+        f"{expected:,.0f} ± 2 %, no second above {rate * 1.1:g}",
+        abs(len(paced) - expected) <= 0.02 * expected
+        and busiest <= rate * 1.1
+        and not duplicates
+        and not spent,
+    )
+    bench.verdict(
+        "ratelimit",
+        f"c1 {beside:,.0f}/s beside, {alone:,.0f}/s alone",
+        "an unlimited consumer keeps its rate (>= 90 %)",
+        beside >= 0.9 * alone,
+    )
+
+
+def arrivals(received: dict[str, list[float]], prefix: str, consumer: str) -> list[float]:
+    """The first arrival times, sorted, of the jobs of `consumer` whose messages' IDs start
+    with `prefix` (queue_jobs's)."""
+    return sorted(
+        first
+        for job, (_, first) in received.items()
+        if job.startswith(prefix) and job.endswith(f" {consumer}")
+    )
+
+
+def arrival_rate(times: list[float]) -> float:
+    """Jobs per second from the first arrival to the last."""
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else math.nan
+
+
+def busiest_second(times: list[float]) -> int:
+    """The most arrivals within any one second (a sliding window over sorted times)."""
+    most, first = 0, 0
+    for last, at in enumerate(times):
+        while at - times[first] >= 1:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def wait_for_first(
+    sinks: Receivers, prefix: str, consumer: str, running: list[subprocess.Popen[bytes]]
+) -> float:
+    """The first arrival of one of the consumer's jobs, once there is one."""
+    deadline = time.monotonic() + 60
+    while not (times := arrivals(sinks.received(), prefix, consumer)):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in running):
+            raise RuntimeError(f"no job of {consumer} arrived")
+        time.sleep(0.1)
+    return times[0]
+
+
 def report_order(bench: Bench, keys: int) -> None:
     """Check that within each key the receiver saw the messages in publish order."""
     arrivals = bench.db.execute(
@@ -866,6 +966,8 @@ def parse_arguments() -> argparse.Namespace:
     add("--scheduled-spacing", type=float, default=0.1, help="scheduled: seconds between them")
     add("--claim-backlogs", type=integers, default="10000,1000000", help="ordered: queued jobs")
     add("--claim-samples", type=int, default=50, help="ordered: claims timed per backlog")
+    add("--rate-limit", type=float, default=20.0, help="ratelimit: c0's maxPerSecond")
+    add("--rate-seconds", type=float, default=60.0, help="ratelimit: how long c0 is watched")
     return parser.parse_args()
 
 
@@ -878,6 +980,7 @@ RUNNERS: dict[str, Callable[[Bench], None]] = {
     "rss": scenario_rss,
     "ordered": scenario_ordered,
     "scheduled": scenario_scheduled,
+    "ratelimit": scenario_ratelimit,
 }
 
 

@@ -6,7 +6,8 @@
     [initial-producer-tokens]   producer-id = token
     [initial-consumers]         consumer-id = callback URL
     [consumer-id]               channel = channel-id, type = push|pull, token = ...,
-                                eventTypes = order.*, invoice.paid (ours: broker/event_types.py)
+                                eventTypes = order.*, invoice.paid (ours: broker/event_types.py),
+                                maxPerSecond = 20 (ours: docs/delivery.md, "Rate limit")
 
 The whole file is parsed and validated before anything is written, then applied in one
 transaction: a bad file changes nothing. Loading the same file again changes nothing either (not
@@ -28,11 +29,19 @@ from broker.models import Channel, Producer, TokenProtected, validate_resource_i
 from consumers.callback_url import validate_callback_url
 from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
+from consumers.services import InvalidSetting, parse_max_per_second
 
 CHANNELS, CHANNEL_TOKENS = "initial-channels", "initial-channel-tokens"
 PRODUCERS, PRODUCER_TOKENS = "initial-producers", "initial-producer-tokens"
 CONSUMERS, CONSUMER_TOKENS = "initial-consumers", "initial-consumer-tokens"
-CONSUMER_KEYS = {"channel", "type", "token", "eventTypes"}
+CONSUMER_KEYS = {"channel", "type", "token", "eventTypes", "maxPerSecond"}
+
+
+class Unset:
+    """A key the section does not give (None is a value: blank, no limit)."""
+
+
+UNSET = Unset()
 
 
 class SeedError(ValueError):
@@ -56,6 +65,8 @@ class SeedConsumer:
     type: str
     token: str | None
     event_types: list[str] | None = None  # the `eventTypes` key, when given
+    # The `maxPerSecond` key, when given: a number, or None (blank) for no limit.
+    max_per_second: float | Unset | None = UNSET
 
 
 @dataclass
@@ -180,7 +191,15 @@ def _parse_consumer(
     if consumer_type not in Consumer.Type.values:
         raise SeedError(key, "type", f"{consumer_type!r} is not push or pull")
     token = (options.get("token") or legacy_token or "").strip() or None
-    return SeedConsumer(key, channel, url, consumer_type, token, _event_types(key, options))
+    return SeedConsumer(
+        key,
+        channel,
+        url,
+        consumer_type,
+        token,
+        _event_types(key, options),
+        _max_per_second(key, options),
+    )
 
 
 def _event_types(key: str, options: dict[str, str]) -> list[str] | None:
@@ -190,6 +209,15 @@ def _event_types(key: str, options: dict[str, str]) -> list[str] | None:
         return event_types.parse_patterns(options["eventTypes"])
     except event_types.InvalidEventType as exc:
         raise SeedError(key, "eventTypes", str(exc)) from None
+
+
+def _max_per_second(key: str, options: dict[str, str]) -> float | Unset | None:
+    if "maxPerSecond" not in options:
+        return UNSET
+    try:
+        return parse_max_per_second(options["maxPerSecond"])
+    except InvalidSetting as exc:
+        raise SeedError(key, "maxPerSecond", str(exc)) from None
 
 
 @transaction.atomic
@@ -227,6 +255,8 @@ def _apply_consumer(item: SeedConsumer) -> str:
     wanted: dict[str, Any] = {"name": item.id, "callback_url": item.callback_url, "type": item.type}
     if item.event_types is not None:
         wanted["event_types"] = item.event_types
+    if not isinstance(item.max_per_second, Unset):
+        wanted["max_per_second"] = item.max_per_second
     consumer = Consumer.objects.filter(channel_id=item.channel, public_id=item.id).first()
     if consumer is None:
         consumer = Consumer(channel_id=item.channel, public_id=item.id, **wanted)

@@ -9,7 +9,12 @@ from django.utils import timezone
 
 from broker import event_types
 from consumers.models import Consumer
-from consumers.services import InvalidSetting, checked_callback_url, set_paused
+from consumers.services import (
+    InvalidSetting,
+    checked_callback_url,
+    parse_max_per_second,
+    set_paused,
+)
 
 
 class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -17,6 +22,16 @@ class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
         """The API's check, address guard included: a private address is refused on save."""
         try:
             return checked_callback_url(self.cleaned_data["callback_url"])
+        except InvalidSetting as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_max_per_second(self) -> float | None:
+        """The API's bounds for the rate limit."""
+        rate = self.cleaned_data["max_per_second"]
+        if rate is None:
+            return None
+        try:
+            return parse_max_per_second(str(rate))
         except InvalidSetting as exc:
             raise forms.ValidationError(str(exc)) from None
 
@@ -56,6 +71,8 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "circuit_failures",
         "circuit_open_until",
         "circuit_cooldown_seconds",
+        "next_slot_at",
+        "throttled_until",
     ]
     actions = ["pause", "resume", "close_circuit"]
 

@@ -49,6 +49,12 @@ class ConsumerSerializer(StakeholderSerializer):
         source="non_retryable_statuses", child=serializers.IntegerField()
     )
     MaxInFlight = serializers.IntegerField(source="max_in_flight", allow_null=True)
+    # Push requests per second at most, across all dispatchers; null: no limit.
+    MaxPerSecond = serializers.FloatField(source="max_per_second", allow_null=True)
+    # Until when a 429 with Retry-After holds its jobs back; null or past: not held.
+    ThrottledUntil = serializers.DateTimeField(
+        source="throttled_until", allow_null=True, read_only=True
+    )
     # Seconds a push job may wait undelivered before it expires; null: BROKER_MAX_JOB_AGE_SECONDS.
     MaxJobAge = serializers.IntegerField(source="max_job_age", allow_null=True)
     # The event type patterns it receives (broker/event_types.py); empty: every message.
@@ -77,6 +83,12 @@ class ConsumerForm(StakeholderForm):
     nonRetryableStatuses = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     maxInFlight = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
     maxJobAge = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
+    maxPerSecond = serializers.CharField(  # noqa: N815
+        required=False,
+        allow_blank=True,
+        help_text="push requests per second at most, across all dispatchers: a decimal number "
+        "above 0 (0.5: one every two seconds); blank or absent: no limit",
+    )
     eventTypes = serializers.CharField(  # noqa: N815
         required=False,
         allow_blank=True,
@@ -104,6 +116,9 @@ class ConsumerForm(StakeholderForm):
 
     def validate_maxJobAge(self, value: str) -> int | None:  # noqa: N802
         return services.validated(services.parse_max_job_age, value)  # blank: the global limit
+
+    def validate_maxPerSecond(self, value: str) -> float | None:  # noqa: N802
+        return services.validated(services.parse_max_per_second, value)  # blank: no limit
 
     def validate_eventTypes(self, value: str) -> list[str]:  # noqa: N802
         return services.validated(services.parse_event_types, value)

@@ -52,6 +52,9 @@ class Consumer(ChangeTracked):
     # when a message's jobs are made, so a change affects later messages only.
     event_types = models.JSONField(default=list, blank=True)
     max_in_flight = models.PositiveIntegerField(null=True, blank=True)
+    # Delivery rate limit (docs/delivery.md, "Rate limit"): push requests per second at most,
+    # across all dispatchers; null, no limit.
+    max_per_second = models.FloatField(null=True, blank=True)
     # Seconds a push job may stay undelivered before it expires (jobs/queue/expiry.py); null means
     # BROKER_MAX_JOB_AGE_SECONDS, 0 no limit.
     max_job_age = models.PositiveIntegerField(null=True, blank=True)
@@ -67,6 +70,12 @@ class Consumer(ChangeTracked):
     circuit_failures = models.PositiveIntegerField(default=0)
     circuit_open_until = models.DateTimeField(null=True, blank=True)
     circuit_cooldown_seconds = models.PositiveIntegerField(default=0)  # the last one used
+    # Pacing (docs/delivery.md, "Rate limit"), also the dispatcher's alone, without changed_at:
+    # the time of the consumer's next free delivery slot under max_per_second, which each push
+    # claim moves on by the jobs it takes; and until when a 429 with Retry-After holds back
+    # every job of the consumer.
+    next_slot_at = models.DateTimeField(null=True, blank=True)
+    throttled_until = models.DateTimeField(null=True, blank=True)
     # The token as just set through set_token, so the response that set it can show it.
     plain_token: str | None = None
 
@@ -88,6 +97,12 @@ class Consumer(ChangeTracked):
     def max_attempts(self) -> int:
         """One first attempt plus one per retry delay."""
         return len(self.retry_delays_in_effect) + 1
+
+    @property
+    def max_per_second_text(self) -> str:
+        """The rate limit as typed (20, not 20.0); "" when there is none."""
+        rate = self.max_per_second
+        return "" if rate is None else str(rate).removesuffix(".0")
 
     @property
     def is_pull(self) -> bool:

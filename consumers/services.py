@@ -12,6 +12,7 @@ forms call them through `validated`. A control of a consumer that does not exist
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
@@ -33,6 +34,7 @@ T = TypeVar("T")
 MAX_RETRIES = 50
 MAX_RETRY_DELAY_SECONDS = 7 * 86400
 MAX_JOB_AGE_SECONDS = 365 * 86400
+MAX_PER_SECOND = 100000  # a delivery rate limit above this is no limit
 
 # The settings form's fields (the API's wire names) and the model attributes they set.
 FORM_TO_MODEL = {
@@ -43,6 +45,7 @@ FORM_TO_MODEL = {
     "maxInFlight": "max_in_flight",
     "maxJobAge": "max_job_age",
     "eventTypes": "event_types",
+    "maxPerSecond": "max_per_second",
 }
 
 
@@ -114,6 +117,23 @@ def parse_max_job_age(value: str) -> int | None:
     if len(numbers) != 1:
         raise InvalidSetting("maxJobAge: one integer (seconds).")
     return numbers[0]
+
+
+def parse_max_per_second(value: str) -> float | None:
+    """The delivery rate limit (docs/delivery.md, "Rate limit"): push requests per second, a
+    decimal number above 0 (0.5: one every two seconds); None (blank) means no limit."""
+    if not value.strip():
+        return None
+    try:
+        rate = Decimal(value.strip())
+    except InvalidOperation:
+        rate = Decimal("NaN")
+    if not rate.is_finite() or not 0 < rate <= MAX_PER_SECOND:
+        raise InvalidSetting(
+            f"maxPerSecond: a decimal number above 0 and at most {MAX_PER_SECOND} (requests per "
+            "second), or blank for no limit."
+        )
+    return float(rate)
 
 
 def parse_event_types(value: str) -> list[str]:

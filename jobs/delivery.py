@@ -67,6 +67,7 @@ class DeliveryRequest:
     stored: StoredBody | None = None  # set when the payload is in storage (`body` is then empty)
     names: DeliveryNames | None = None
     trace: TraceContext | None = None  # the message's, which the attempt's span continues
+    send_at: datetime | None = None  # not before: a rate-limited consumer's slot (dispatch.py)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
 from jobs.outcome_log import log_attempt
 from jobs.outgoing import names_of_job, request_for_job
 from jobs.queue import ClaimedJob
-from jobs.retry import Outcome, Verdict, decide
+from jobs.retry import MAX_THROTTLE_SECONDS, Outcome, Verdict, decide
 from jobs.senders import Send, open_sender
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ T = TypeVar("T")
 CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 SHUTDOWN_MESSAGE = "dispatcher stopped before the consumer answered"
+Delivering = asyncio.Task[AttemptResult | None]  # a delivery in flight (`_send`)
 
 
 @dataclass
@@ -70,6 +72,9 @@ class Dispatcher:
         self._sent: set[int] = set()  # job IDs whose request headers are on the wire
         self._consumers = ConsumerCache()  # decrypted, as of their changed_at
         self._finished: list[AttemptResult] = []  # kept until recorded, across database outages
+        # Consumers that answered 429 with Retry-After, until when (monotonic): jobs of theirs
+        # waiting for a slot here are given back unsent.
+        self._throttled_until: dict[int, float] = {}
         self._recording = 0  # results being recorded right now
         self.health = Health()  # what --health-port serves (jobs/health.py)
         # Two database threads (started on first use), each with its own connection, so that
@@ -198,7 +203,7 @@ class Dispatcher:
                 executor.shutdown()
 
     async def _loop(self, send: Send) -> None:
-        in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest] = {}
+        in_flight: dict[Delivering, DeliveryRequest] = {}
         recording: asyncio.Task[None] | None = None
         next_housekeeping = next_release = 0.0
         loop = asyncio.get_running_loop()
@@ -226,8 +231,10 @@ class Dispatcher:
                 await asyncio.sleep(self.config.poll_seconds)
                 continue
             done = [task for task in in_flight if task.done()]
-            for task in done:
-                self._finished.append(_result_of(task, in_flight.pop(task)))
+            held_back = self._collect(done, in_flight)
+            if held_back:
+                with contextlib.suppress(DatabaseDown):  # else their leases return them
+                    await self._step(self.release, held_back)
             if self._finished and not _running(recording):
                 recording = asyncio.create_task(self._record(self._finished))
                 recording.add_done_callback(lambda _: self._wake.set())
@@ -257,13 +264,40 @@ class Dispatcher:
     def _unrecorded(self) -> int:
         return len(self._finished) + self._recording
 
-    async def _send(self, send: Send, request: DeliveryRequest) -> AttemptResult:
+    def _collect(
+        self, done: list[Delivering], in_flight: dict[Delivering, DeliveryRequest]
+    ) -> list[int]:
+        """Move finished deliveries out of `in_flight`, their results to be recorded; return
+        the IDs of the jobs held back unsent, to be given back."""
+        held_back = []
+        for task in done:
+            request = in_flight.pop(task)
+            result = _result_of(task, request)
+            if result is None:
+                held_back.append(request.job_id)
+            else:
+                self._finished.append(result)
+        return held_back
+
+    async def _send(self, send: Send, request: DeliveryRequest) -> AttemptResult | None:
+        """Deliver one request, at its slot if it has one (docs/delivery.md, "Rate limit").
+        None: held back unsent, its consumer having answered 429 with Retry-After meanwhile."""
         timeout = float(broker_settings.BROKER_DELIVERY_TIMEOUT_SECONDS)
+        if request.send_at is not None:
+            await asyncio.sleep(max((request.send_at - timezone.now()).total_seconds(), 0))
+        if self._throttled_until.get(request.consumer_id, 0.0) > time.monotonic():
+            return None
         try:
             # `_drain` needs to know which requests went on the wire.
-            return await send(request, timeout, self._sent_marker(request))
+            result = await send(request, timeout, self._sent_marker(request))
         finally:
             self._sent.discard(request.job_id)
+        if result.status_code == 429 and result.retry_after is not None:
+            # The claim skips the consumer once the outcome is recorded; this holds back the
+            # jobs this dispatcher has already taken.
+            wait = min(result.retry_after, MAX_THROTTLE_SECONDS)
+            self._throttled_until[request.consumer_id] = time.monotonic() + wait
+        return result
 
     def _sent_marker(self, request: DeliveryRequest) -> Callable[[], None]:
         return lambda: self._sent.add(request.job_id)
@@ -279,7 +313,7 @@ class Dispatcher:
             await asyncio.wait_for(self._wake.wait(), max(timeout, 0))
         self._wake.clear()
 
-    async def _drain(self, in_flight: dict[asyncio.Task[AttemptResult], DeliveryRequest]) -> None:
+    async def _drain(self, in_flight: dict[Delivering, DeliveryRequest]) -> None:
         """On shutdown: let deliveries finish within the grace period, then cut them off.
 
         A cut-off request whose headers went out may have reached the consumer: that counts as
@@ -287,8 +321,7 @@ class Dispatcher:
         queue without using an attempt.
         """
         done, pending = await asyncio.wait(in_flight, timeout=self.config.grace_seconds)
-        self._finished += [_result_of(task, in_flight[task]) for task in done]
-        unsent = []
+        unsent = self._collect(list(done), in_flight)
         for task in pending:
             task.cancel()
             request = in_flight[task]
@@ -358,7 +391,7 @@ class UnrecordedOutcomes(Exception):
         self.results = results
 
 
-def _result_of(task: asyncio.Task[AttemptResult], request: DeliveryRequest) -> AttemptResult:
+def _result_of(task: Delivering, request: DeliveryRequest) -> AttemptResult | None:
     """A finished delivery's result; `deliver` never raises, but a task cancelled from outside
     (by the HTTP client, say) counts as cut off rather than ending the loop."""
     return _cut_off(request) if task.cancelled() else task.result()

@@ -8,7 +8,7 @@ Built the same way for a claimed job (jobs/dispatch.py) and for the operator's t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import broker
@@ -35,8 +35,9 @@ class Delivery:
 
 
 def request_for_job(job: ClaimedJob, consumer: Consumer, now: datetime) -> DeliveryRequest:
-    """The request of one claimed job's attempt."""
-    return build_request(job.message, consumer, now, _delivery_of(job))
+    """The request of one claimed job's attempt, sent no earlier than the job's slot."""
+    request = build_request(job.message, consumer, now, _delivery_of(job))
+    return replace(request, send_at=job.send_at)
 
 
 def build_request(

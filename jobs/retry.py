@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import Enum
 
@@ -21,6 +21,8 @@ from jobs.delivery import AttemptResult
 # do not count either.
 UNAVAILABLE_ERROR_CLASSES = frozenset({"timeout", "connection", "unsafe-callback"})
 UNAVAILABLE_STATUSES = frozenset({408, 429})
+# The longest a 429's Retry-After holds back a whole consumer (docs/delivery.md, "Rate limit").
+MAX_THROTTLE_SECONDS = 3600
 
 
 class Verdict(Enum):
@@ -38,12 +40,23 @@ class Outcome:
     # The consumer is unavailable (`is_unavailable`): counts towards opening its circuit.
     unavailable: bool = False
     refund: bool = False  # RETRY without using up the attempt (a circuit's failed probe)
+    # A 429 with Retry-After: no job of the consumer is claimed before this (docs/delivery.md,
+    # "Rate limit").
+    throttle_until: datetime | None = None
 
 
 def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
     """Apply the consumer's retry policy to one attempt's result."""
     if result.succeeded:
         return Outcome(Verdict.DELIVERED)
+    outcome = _decide_failure(result, consumer, now)
+    if result.status_code == 429 and result.retry_after is not None:
+        wait = min(result.retry_after, MAX_THROTTLE_SECONDS)
+        return replace(outcome, throttle_until=now + timedelta(seconds=wait))
+    return outcome
+
+
+def _decide_failure(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
     if result.error_class == PAYLOAD_MISSING:
         # Nothing to send, ever: dead at once (docs/delivery.md, "Large payloads"), and not the
         # consumer's doing.

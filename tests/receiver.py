@@ -7,6 +7,7 @@ import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +18,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))  # when it arrived
 
 
 @dataclass

@@ -36,6 +36,12 @@ class ConsumerSettingsForm(forms.Form):
     max_in_flight = forms.CharField(
         label="Max in flight", required=False, help_text="Concurrent deliveries. Blank: default."
     )
+    max_per_second = forms.CharField(
+        label="Max per second",
+        required=False,
+        help_text="Push requests per second at most, across all dispatchers: a decimal number "
+        "such as 20 or 0.5. Blank: no limit.",
+    )
     max_job_age = forms.CharField(
         label="Max job age",
         required=False,
@@ -77,6 +83,11 @@ class ConsumerSettingsForm(forms.Form):
     def clean_max_in_flight(self) -> int | None:
         return services.validated(services.parse_max_in_flight, self.cleaned_data["max_in_flight"])
 
+    def clean_max_per_second(self) -> float | None:
+        return services.validated(
+            services.parse_max_per_second, self.cleaned_data["max_per_second"]
+        )
+
     def clean_max_job_age(self) -> int | None:
         return services.validated(services.parse_max_job_age, self.cleaned_data["max_job_age"])
 
@@ -100,6 +111,7 @@ class ConsumerSettingsForm(forms.Form):
             "nonRetryableStatuses": data["non_retryable_statuses"],
             "maxInFlight": data["max_in_flight"],
             "maxJobAge": data["max_job_age"],
+            "maxPerSecond": data["max_per_second"],
             "eventTypes": data["event_types"],
         }
         if data["token"]:
@@ -152,6 +164,7 @@ class EditConsumerForm(ConsumerSettingsForm):
                 "non_retryable_statuses": _joined(consumer.non_retryable_statuses),
                 "max_in_flight": consumer.max_in_flight or "",
                 "max_job_age": "" if consumer.max_job_age is None else consumer.max_job_age,
+                "max_per_second": consumer.max_per_second_text,
                 "event_types": ", ".join(consumer.event_types),
                 "changed_at": consumer.changed_at.isoformat(),
             }

@@ -122,6 +122,7 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
     context = {
         "consumer": consumer,
         "circuit": consumer.circuit_state(now),
+        "throttled": consumer.throttled_until is not None and consumer.throttled_until > now,
         "previous_secret_signs": len(consumer.active_signing_secrets(now)) > 1,
         "job_counts": job_counts(consumer),
         "test_event": request.session.pop(_test_event_key(consumer), None),

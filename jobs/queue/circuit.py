@@ -39,7 +39,9 @@ def record_unavailable(failures: Counter[int], now: datetime) -> dict[int, datet
     recording failures of one consumer count them all.
     """
     consumers = (
-        Consumer.objects.select_for_update().only("channel_id", "public_id", *CIRCUIT_FIELDS)
+        Consumer.objects.select_for_update()
+        .only("channel_id", "public_id", *CIRCUIT_FIELDS)
+        .order_by("pk")  # the order the push claim locks consumers in
     ).in_bulk(list(failures))
     reopened = {}
     for consumer in consumers.values():

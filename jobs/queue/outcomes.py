@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from consumers.models import Consumer
@@ -52,6 +52,13 @@ def record_failures(
     )
     reopened = circuit.record_unavailable(unavailable, now)
     circuit.close_circuits({r.consumer_id for r in failed} & answered)
+    throttle(
+        {
+            r.consumer_id: until
+            for r in failed
+            if (until := outcomes[r.job_id].throttle_until) is not None
+        }
+    )
     applied = {}
     for result in failed:
         outcome = outcomes[result.job_id]
@@ -63,6 +70,17 @@ def record_failures(
         _apply(result, outcome)
         applied[result.job_id] = outcome
     return applied
+
+
+def throttle(until: dict[int, datetime]) -> None:
+    """Hold back every job of these consumers until their time (a 429's Retry-After), unless a
+    later time holds them already. One row at a time, in ID order: the order the push claim
+    locks rate-limited consumers in."""
+    for consumer_id in sorted(until):
+        later = until[consumer_id]
+        Consumer.objects.filter(
+            Q(throttled_until__isnull=True) | Q(throttled_until__lt=later), pk=consumer_id
+        ).update(throttled_until=later)
 
 
 def release_unsent(job_ids: Iterable[int]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 from django.db import transaction
@@ -24,10 +25,13 @@ from jobs.queue.fanout import add_jobs, new_jobs
 from jobs.queue.outcomes import attempt_row, still_ours
 from jobs.queue.portable_pull import PortablePullOperations
 from jobs.queue.rules import (
+    bookable_slots,
+    first_free_slot,
     heads_of_their_keys,
     in_flight_cap,
-    lease_expiry,
+    push_lease_expiry,
     receiving_push_consumers,
+    slot_times,
     subscribed_consumer_ids,
 )
 from jobs.queue.types import (
@@ -119,12 +123,18 @@ class PortableQueue(PortablePullOperations):
 
     def claim_for_push(self, limit: int, now: datetime) -> list[ClaimedJob]:
         with transaction.atomic():
-            ids = _due_job_ids(limit, now)
+            room = _consumer_room(now)
+            taken = _due_jobs(room, limit, now)
+            ids = [pk for pk, _ in taken]
             Job.objects.filter(pk__in=ids).transition(
-                QUEUED, INFLIGHT, attempts=F("attempts") + 1, lease_expires_at=lease_expiry(now)
+                QUEUED,
+                INFLIGHT,
+                attempts=F("attempts") + 1,
+                lease_expires_at=push_lease_expiry(now),
             )
+            send_at = _book_slots([c for c in room if c.max_per_second], taken, now)
         rows = Job.objects.filter(pk__in=ids, status=INFLIGHT).values_list(*CLAIM_COLUMNS)
-        return [ClaimedJob.from_row(row) for row in rows]
+        return [replace(ClaimedJob.from_row(row), send_at=send_at.get(row[0])) for row in rows]
 
     def record_deliveries(
         self, results: list[AttemptResult], dispatcher_id: str, now: datetime
@@ -188,26 +198,28 @@ def _release_one(message: Message, consumer_ids: list[int], now: datetime) -> in
     return won
 
 
-def _due_job_ids(limit: int, now: datetime) -> list[int]:
-    """Per consumer, its due jobs up to its in-flight room; then the best `limit` overall.
+def _due_jobs(room: dict[Consumer, int], limit: int, now: datetime) -> list[tuple[int, int]]:
+    """Per consumer, its due jobs up to its room; then the best `limit` overall, as (job ID,
+    consumer ID) in the order they are claimed.
 
     Looking per consumer keeps a paused consumer's backlog, or a slow consumer at its cap, from
     being scanned or from taking every slot.
     """
-    candidates: list[tuple[int, datetime, int]] = []
-    for consumer, room in _consumer_room(now).items():
+    candidates: list[tuple[int, datetime, int, int]] = []
+    for consumer, free in room.items():
         due = Job.objects.filter(consumer_id=consumer.pk, status=QUEUED, next_attempt_at__lte=now)
         if consumer.ordering == Consumer.Ordering.ORDERED:
             due = heads_of_their_keys(due)
-        candidates += due.order_by("-priority", "next_attempt_at").values_list(
-            "priority", "next_attempt_at", "pk"
-        )[: min(room, limit)]
-    candidates.sort(key=lambda row: (-row[0], row[1]))
-    return [pk for _, _, pk in candidates[:limit]]
+        candidates += due.order_by("-priority", "next_attempt_at", "pk").values_list(
+            "priority", "next_attempt_at", "pk", "consumer_id"
+        )[: min(free, limit)]
+    candidates.sort(key=lambda row: (-row[0], row[1], row[2]))
+    return [(pk, consumer_id) for _, _, pk, consumer_id in candidates[:limit]]
 
 
 def _consumer_room(now: datetime) -> dict[Consumer, int]:
-    """How many more jobs each push consumer that may receive can have in flight."""
+    """How many more jobs each push consumer that may receive can be handed now: its free
+    in-flight slots, and for a rate-limited one no more than the slots it can book."""
     consumers = receiving_push_consumers(now)
     in_flight = dict(
         Job.objects.filter(status=INFLIGHT, consumer__in=consumers)
@@ -215,11 +227,34 @@ def _consumer_room(now: datetime) -> dict[Consumer, int]:
         .annotate(n=Count("pk"))
         .values_list("consumer", "n")
     )
-    room = {
-        consumer: in_flight_cap(consumer) - in_flight.get(consumer.pk, 0)
-        for consumer in consumers.only("ordering", "max_in_flight", "circuit_open_until")
-    }
-    return {consumer: free for consumer, free in room.items() if free > 0}
+    room = {}
+    for consumer in consumers.only(
+        "ordering", "max_in_flight", "circuit_open_until", "max_per_second", "next_slot_at"
+    ):
+        free = in_flight_cap(consumer) - in_flight.get(consumer.pk, 0)
+        if consumer.max_per_second:
+            first_slot = first_free_slot(consumer.next_slot_at, now)
+            free = min(free, bookable_slots(first_slot, consumer.max_per_second, now))
+        if free > 0:
+            room[consumer] = free
+    return room
+
+
+def _book_slots(
+    paced: list[Consumer], taken: list[tuple[int, int]], now: datetime
+) -> dict[int, datetime]:
+    """The send times of the rate-limited consumers' jobs just taken (rules.slot_times), by job
+    ID, and each consumer's next free slot moved past them."""
+    send_at: dict[int, datetime] = {}
+    for consumer in paced:
+        jobs = [pk for pk, owner in taken if owner == consumer.pk]
+        if not jobs or consumer.max_per_second is None:
+            continue
+        first_slot = first_free_slot(consumer.next_slot_at, now)
+        *slots, next_slot = slot_times(first_slot, consumer.max_per_second, len(jobs) + 1)
+        send_at.update(zip(jobs, slots, strict=True))
+        Consumer.objects.filter(pk=consumer.pk).update(next_slot_at=next_slot)
+    return send_at
 
 
 def _token_hash(model: type[Channel] | type[Producer], pk: str) -> str | None:

@@ -26,9 +26,10 @@ from jobs.queue.postgres_batch import batch_parameters, insert_batch_sql, insert
 from jobs.queue.postgres_pull import PostgresPullStatements
 from jobs.queue.rules import (
     DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER,
+    SLOT_HORIZON_SECONDS,
     WAKEUP_CHANNEL,
-    lease_expiry,
     matching_patterns_sql,
+    push_lease_expiry,
     subscribed_sql,
 )
 from jobs.queue.types import ClaimedJob, Inserted, InsertedBatch, MessageBatch, TokenDigests
@@ -137,8 +138,15 @@ SELECT (SELECT count(*) FROM released), (SELECT {_NOTIFY} WHERE EXISTS (SELECT F
 """  # noqa: S608
 
 # The push claim:
+# - paced: the rate-limited consumers (rules.bookable_slots) that may receive, have a job due and
+#   a slot free within the horizon. Their rows are locked, in ID order, so that claims of several
+#   dispatchers book one consumer's slots one after another: a claim that waited reads the row as
+#   the one before left it (PostgreSQL re-reads a row it locked), and skips it if no slot is free
+#   any more. FOR NO KEY UPDATE leaves publishers' foreign-key checks unblocked. A consumer
+#   booked up to the horizon, the usual case between two of its slots, is not locked at all;
 # - cap, room: each consumer's free in-flight slots, for push consumers that may receive
-#   (rules.receiving_push_consumers, rules.in_flight_cap). Counted once per claim (hence
+#   (rules.receiving_push_consumers, rules.in_flight_cap), and for a paced one no more than its
+#   bookable slots. Counted once per claim (hence
 #   MATERIALIZED), and only up to the cap: a plain index scan that stops there, and that marks
 #   the dead index entries of finished jobs as it passes, so that the next claim skips them;
 # - due: per consumer, its best due jobs up to its room, read from an index without locks. For an
@@ -149,28 +157,49 @@ SELECT (SELECT count(*) FROM released), (SELECT {_NOTIFY} WHERE EXISTS (SELECT F
 # - candidate: the best of those overall. Twice the batch is read, so that rows a concurrent
 #   dispatcher holds can be skipped without coming back short;
 # - taken: those rows locked, skipping any already locked, up to the batch size;
+# - slotted: a paced consumer's jobs get its next slots in their order (rules.slot_times), and
+#   booked moves its next free slot past them: only the jobs taken use slots;
 # - the UPDATE moves them to INFLIGHT with a lease, counts the attempt and returns the columns of
-#   types.CLAIM_COLUMNS.
+#   types.CLAIM_COLUMNS and the send time.
 # A consumer's cap holds per claim; claims of several dispatchers at the same moment can each fill
-# the same room (docs/dispatcher.md).
+# the same room (docs/dispatcher.md). Its rate holds across them all.
 _PENDING = f"('{QUEUED.value}', '{INFLIGHT.value}')"
+_RECEIVING = f"""c.type = '{Consumer.Type.PUSH.value}' AND NOT c.paused
+    AND (c.circuit_open_until IS NULL OR c.circuit_open_until <= %(now)s)
+    AND (c.throttled_until IS NULL OR c.throttled_until <= %(now)s)"""
+_HORIZON = f"interval '{SLOT_HORIZON_SECONDS} seconds'"
 CLAIM_FOR_PUSH_SQL = f"""
-WITH cap AS (
+WITH paced AS MATERIALIZED (
+    SELECT c.id, c.max_per_second AS per_second,
+        greatest(c.next_slot_at, %(now)s) AS first_slot
+    FROM {_CONSUMER} c
+    WHERE c.max_per_second IS NOT NULL AND {_RECEIVING}
+        AND (c.next_slot_at IS NULL OR c.next_slot_at < %(now)s + {_HORIZON})
+        AND EXISTS (
+            SELECT FROM {_JOB} j
+            WHERE j.consumer_id = c.id AND j.status = '{QUEUED.value}'
+                AND j.next_attempt_at <= %(now)s
+        )
+    ORDER BY c.id
+    FOR NO KEY UPDATE OF c
+),
+cap AS (
     SELECT c.id, c.ordering = '{Consumer.Ordering.ORDERED.value}' AS ordered,
         CASE WHEN c.circuit_open_until IS NULL
-            THEN coalesce(c.max_in_flight, {DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER}) ELSE 1 END AS cap
-    FROM {_CONSUMER} c
-    WHERE c.type = '{Consumer.Type.PUSH.value}' AND NOT c.paused
-        AND (c.circuit_open_until IS NULL OR c.circuit_open_until <= %(now)s)
+            THEN coalesce(c.max_in_flight, {DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER}) ELSE 1 END AS cap,
+        ceil((extract(epoch FROM %(now)s - paced.first_slot) + {SLOT_HORIZON_SECONDS})
+            * paced.per_second)::int AS bookable
+    FROM {_CONSUMER} c LEFT JOIN paced ON paced.id = c.id
+    WHERE {_RECEIVING} AND (c.max_per_second IS NULL OR paced.id IS NOT NULL)
 ),
 room AS MATERIALIZED (
-    SELECT cap.id, cap.ordered, cap.cap - (
+    SELECT cap.id, cap.ordered, least(cap.bookable, cap.cap - (
         SELECT count(*) FROM (
             SELECT FROM {_JOB} f
             WHERE f.consumer_id = cap.id AND f.status = '{INFLIGHT.value}'
             LIMIT cap.cap
         ) in_flight
-    ) AS free
+    )) AS free
     FROM cap
 ),
 due AS (
@@ -213,22 +242,37 @@ candidate AS (
     SELECT * FROM due ORDER BY priority DESC, next_attempt_at LIMIT %(candidates)s
 ),
 taken AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, j.consumer_id, candidate.priority, candidate.next_attempt_at
     FROM {_JOB} j JOIN candidate ON candidate.id = j.id
     WHERE j.status = '{QUEUED.value}'
     ORDER BY candidate.priority DESC, candidate.next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
+),
+slotted AS (
+    SELECT taken.id, paced.first_slot + make_interval(secs => (row_number() OVER (
+            PARTITION BY taken.consumer_id
+            ORDER BY taken.priority DESC, taken.next_attempt_at, taken.id
+        ) - 1) / paced.per_second) AS send_at
+    FROM taken LEFT JOIN paced ON paced.id = taken.consumer_id
+),
+booked AS (
+    UPDATE {_CONSUMER} c
+    SET next_slot_at = paced.first_slot + make_interval(secs => used.slots / paced.per_second)
+    FROM paced JOIN (
+        SELECT consumer_id, count(*) AS slots FROM taken GROUP BY consumer_id
+    ) used ON used.consumer_id = paced.id
+    WHERE c.id = paced.id
 )
 UPDATE {_JOB} j
 SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attempts + 1,
     lease_expires_at = %(lease_until)s
-FROM taken, {_MESSAGE} m, {_CONSUMER} c
-WHERE j.id = taken.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
+FROM slotted, {_MESSAGE} m, {_CONSUMER} c
+WHERE j.id = slotted.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
     AND c.id = j.consumer_id
 RETURNING j.id, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at, j.created_at,
     m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
-    m.traceparent, m.tracestate, m.event_type
+    m.traceparent, m.tracestate, m.event_type, slotted.send_at
 """  # noqa: S608
 
 # Any answer that is not unavailability closes the circuit of its consumer (jobs/queue/circuit.py).
@@ -309,7 +353,7 @@ class PostgresQueue(PostgresPullStatements):
     def claim_for_push(self, limit: int, now: datetime) -> list[ClaimedJob]:
         parameters: dict[str, Any] = {
             "now": now,
-            "lease_until": lease_expiry(now),
+            "lease_until": push_lease_expiry(now),
             "limit": limit,
             "candidates": 2 * limit,
         }

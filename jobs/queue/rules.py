@@ -1,6 +1,6 @@
 """The rules every queue operation applies, written once: lease length, in-flight caps, which
-consumers may receive (pause, circuit breaker), which consumers a message fans out to (event
-types) and which jobs of an ordered consumer may go out.
+consumers may receive (pause, circuit breaker, 429 throttling), how fast (rate limit), which
+consumers a message fans out to (event types) and which jobs of an ordered consumer may go out.
 
 The PostgreSQL statements (jobs/queue/postgres.py) apply the same rules in SQL, each statement
 naming the rule it follows here; the tests of jobs/queue run every operation on both databases.
@@ -8,6 +8,7 @@ naming the rule it follows here; the tests of jobs/queue run every operation on 
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 from django.db.models import Exists, OuterRef, Q, QuerySet
@@ -23,6 +24,10 @@ DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER = 100
 # The PostgreSQL NOTIFY channel that wakes idle dispatchers (jobs/queue/wakeup.py).
 WAKEUP_CHANNEL = "broker_jobs"
 PENDING = (QUEUED, INFLIGHT)  # statuses of a job that is still on its way
+# How far ahead a claim may book a rate-limited consumer's delivery slots: a claimed job waits in
+# its dispatcher until its slot, so the consumer's pace does not depend on how often dispatchers
+# claim, as long as one claims within this (their idle poll is a second too).
+SLOT_HORIZON_SECONDS = 1.0
 
 
 def lease_length(incremental_timeout: int = 0) -> timedelta:
@@ -40,12 +45,36 @@ def lease_expiry(now: datetime, incremental_timeout: int = 0) -> datetime:
     return now + lease_length(incremental_timeout)
 
 
+def push_lease_expiry(now: datetime) -> datetime:
+    """A push claim's lease: a job may wait up to SLOT_HORIZON_SECONDS for its slot first."""
+    return lease_expiry(now) + timedelta(seconds=SLOT_HORIZON_SECONDS)
+
+
 def receiving_push_consumers(now: datetime) -> QuerySet[Consumer]:
-    """Push consumers whose jobs may be claimed: not paused, and with the circuit closed or
-    half-open (its cooldown over: one probe may go)."""
+    """Push consumers whose jobs may be claimed: not paused, not throttled by a 429's
+    Retry-After, and with the circuit closed or half-open (its cooldown over: one probe may
+    go)."""
     return Consumer.objects.filter(type=Consumer.Type.PUSH, paused=False).filter(
-        Q(circuit_open_until__isnull=True) | Q(circuit_open_until__lte=now)
+        Q(circuit_open_until__isnull=True) | Q(circuit_open_until__lte=now),
+        Q(throttled_until__isnull=True) | Q(throttled_until__lte=now),
     )
+
+
+def first_free_slot(next_slot_at: datetime | None, now: datetime) -> datetime:
+    """When a rate-limited consumer's next request may go: its next slot, or now if that has
+    passed (slots left unused are not saved up: no burst follows a quiet spell)."""
+    return now if next_slot_at is None else max(next_slot_at, now)
+
+
+def bookable_slots(first_slot: datetime, per_second: float, now: datetime) -> int:
+    """How many slots, 1/per_second apart from `first_slot`, begin within the horizon."""
+    ahead = (now - first_slot).total_seconds() + SLOT_HORIZON_SECONDS
+    return max(math.ceil(ahead * per_second), 0)
+
+
+def slot_times(first_slot: datetime, per_second: float, count: int) -> list[datetime]:
+    """`count` slots in a row from `first_slot`, 1/per_second apart."""
+    return [first_slot + timedelta(seconds=n / per_second) for n in range(count)]
 
 
 def subscribed_consumer_ids(

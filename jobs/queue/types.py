@@ -39,6 +39,8 @@ class ClaimedJob:
     consumer_changed_at: datetime
     created_at: datetime  # the job's, for its public ID
     message: OutgoingMessage
+    # A rate-limited consumer's job goes no earlier than its booked slot; None: at once.
+    send_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
@@ -46,7 +48,7 @@ class ClaimedJob:
         reads jsonb as text and leaves parsing to JSONField)."""
         job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, created_at = row[:7]
         message_id, payload, payload_file, content_type, message_priority, headers = row[7:13]
-        traceparent, tracestate, event_type = row[13:]
+        traceparent, tracestate, event_type = row[13:16]
         message = OutgoingMessage(
             message_id,
             bytes(payload),
@@ -58,13 +60,22 @@ class ClaimedJob:
             tracestate,
             event_type,
         )
+        send_at = row[16] if len(row) > 16 else None  # the PostgreSQL claim's extra column
         return cls(
-            job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, created_at, message
+            job_id,
+            attempt,
+            priority,
+            due_at,
+            consumer_id,
+            consumer_changed_at,
+            created_at,
+            message,
+            send_at,
         )
 
 
 # The claimed row's columns, as Job field paths (the ORM's `values_list`); the PostgreSQL claim
-# returns the same columns in the same order.
+# returns the same columns in the same order, then the send time (which the ORM's claim sets).
 CLAIM_COLUMNS = (
     "pk",
     "attempts",

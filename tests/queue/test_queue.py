@@ -17,7 +17,7 @@ from consumers.models import Consumer
 from jobs import queue
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
-from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, lease_length
+from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER, push_lease_expiry
 from jobs.retry import Outcome, Verdict
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.helpers import make_consumer
@@ -152,7 +152,7 @@ def test_a_claim_leases_the_best_due_jobs_and_counts_their_attempt(backend, chan
     assert [job.attempt for job in claimed] == [1, 1]
     job = Job.objects.get(pk=claimed[0].job_id)
     assert (job.status, job.attempts) == (INFLIGHT, 1)
-    assert job.lease_expires_at == NOW + lease_length()
+    assert job.lease_expires_at == push_lease_expiry(NOW)
     assert claimed_ids(now=NOW) == []  # nothing is handed out twice
 
 
@@ -268,9 +268,9 @@ def test_an_outcome_of_an_older_claim_moves_nothing(backend, channel):
     make_consumer(channel)
     publish("m-1")
     [first] = queue.claim_for_push(1, NOW)
-    with time_machine.travel(NOW + lease_length() + timedelta(seconds=1)):
+    with time_machine.travel(push_lease_expiry(NOW) + timedelta(seconds=1)):
         assert queue.sweep_expired_leases() == 1
-    [second] = queue.claim_for_push(1, NOW + lease_length() + timedelta(seconds=2))
+    [second] = queue.claim_for_push(1, push_lease_expiry(NOW) + timedelta(seconds=2))
 
     record([result_of(first, 200)], [Outcome(Verdict.DELIVERED, "")])
 

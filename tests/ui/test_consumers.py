@@ -309,6 +309,12 @@ BAD_SETTINGS = [
     ("max_in_flight", "maxInFlight", "1,2"),
     ("max_job_age", "maxJobAge", "-1"),
     ("max_job_age", "maxJobAge", "soon"),
+    ("max_per_second", "maxPerSecond", "0"),
+    ("max_per_second", "maxPerSecond", "-2"),
+    ("max_per_second", "maxPerSecond", "fast"),
+    ("max_per_second", "maxPerSecond", "nan"),
+    ("max_per_second", "maxPerSecond", "inf"),
+    ("max_per_second", "maxPerSecond", "100001"),
     ("event_types", "eventTypes", "order.**"),
     ("event_types", "eventTypes", "has space"),
     ("signing_secret", "signingSecret", "whsec_short"),
@@ -361,6 +367,7 @@ def test_private_callbacks_are_refused_unless_allowed(staff_client, settings, ur
 def test_the_edit_form_starts_from_the_current_settings(staff_client, billing):
     billing.retry_delays, billing.max_in_flight = [5, 60], 3
     billing.event_types = ["order.*", "invoice.paid"]
+    billing.max_per_second = 20
     billing.save()
 
     form = staff_client.get(f"{PAGE}/edit").context["form"]
@@ -371,6 +378,8 @@ def test_the_edit_form_starts_from_the_current_settings(staff_client, billing):
     assert form.initial["event_types"] == "order.*, invoice.paid"
     page = staff_client.get(PAGE).content.decode()
     assert "<code>order.*</code>, <code>invoice.paid</code>" in page
+    assert form.initial["max_per_second"] == "20"
+    assert "20 requests/s" in page
     assert form.initial["changed_at"] == billing.changed_at.isoformat()
 
 
@@ -380,7 +389,12 @@ def test_edit_saves_and_keeps_the_token_when_left_blank(staff_client, billing):
 
     response = staff_client.post(
         f"{PAGE}/edit",
-        edit_form_of(billing, callback_url="https://new.example/h", retry_delays="10,20"),
+        edit_form_of(
+            billing,
+            callback_url="https://new.example/h",
+            retry_delays="10,20",
+            max_per_second="2.5",
+        ),
     )
 
     assert response.status_code == 302
@@ -388,6 +402,7 @@ def test_edit_saves_and_keeps_the_token_when_left_blank(staff_client, billing):
     after = Consumer.objects.get()
     assert after.callback_url == "https://new.example/h"
     assert after.retry_delays == [10, 20]
+    assert after.max_per_second == 2.5
     assert after.check_token("kept-token")
     assert after.changed_at > billing.changed_at
     assert "Saved the settings of billing." in shown(staff_client)
