@@ -271,5 +271,7 @@ def _apply_consumer(item: SeedConsumer) -> str:
         return f"{label}: unchanged"
     for name, value in changed.items():
         setattr(consumer, name, value)
+    if "max_per_second" in changed:
+        consumer.next_slot_at = None  # slots booked at the old rate do not hold the new one back
     consumer.save()
     return f"{label}: updated"

@@ -76,6 +76,17 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     ]
     actions = ["pause", "resume", "close_circuit"]
 
+    def save_model(
+        self,
+        request: HttpRequest,
+        obj: Consumer,
+        form: forms.ModelForm[Consumer],
+        change: bool,
+    ) -> None:
+        if "max_per_second" in form.changed_data:
+            obj.next_slot_at = None  # slots booked at the old rate do not hold the new one back
+        super().save_model(request, obj, form, change)
+
     @admin.display(description="circuit")
     def circuit(self, consumer: Consumer) -> str:
         return consumer.circuit_state(timezone.now())

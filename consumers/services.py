@@ -34,7 +34,9 @@ T = TypeVar("T")
 MAX_RETRIES = 50
 MAX_RETRY_DELAY_SECONDS = 7 * 86400
 MAX_JOB_AGE_SECONDS = 365 * 86400
-MAX_PER_SECOND = 100000  # a delivery rate limit above this is no limit
+# A delivery rate limit's bounds: above the highest it is no limit; below the lowest (one
+# request in about 17 minutes) slots would be booked so far ahead that times overflow.
+MIN_PER_SECOND, MAX_PER_SECOND = 0.001, 100000
 
 # The settings form's fields (the API's wire names) and the model attributes they set.
 FORM_TO_MODEL = {
@@ -121,17 +123,18 @@ def parse_max_job_age(value: str) -> int | None:
 
 def parse_max_per_second(value: str) -> float | None:
     """The delivery rate limit (docs/delivery.md, "Rate limit"): push requests per second, a
-    decimal number above 0 (0.5: one every two seconds); None (blank) means no limit."""
+    decimal number from MIN_PER_SECOND to MAX_PER_SECOND (0.5: one every two seconds); None
+    (blank) means no limit."""
     if not value.strip():
         return None
     try:
         rate = Decimal(value.strip())
     except InvalidOperation:
         rate = Decimal("NaN")
-    if not rate.is_finite() or not 0 < rate <= MAX_PER_SECOND:
+    if not rate.is_finite() or not MIN_PER_SECOND <= rate <= MAX_PER_SECOND:
         raise InvalidSetting(
-            f"maxPerSecond: a decimal number above 0 and at most {MAX_PER_SECOND} (requests per "
-            "second), or blank for no limit."
+            f"maxPerSecond: a decimal number from {MIN_PER_SECOND} to {MAX_PER_SECOND} (requests"
+            " per second), or blank for no limit."
         )
     return float(rate)
 
@@ -201,6 +204,8 @@ def apply_settings(consumer: Consumer, form: dict[str, Any]) -> None:
     apply_stakeholder_form(consumer, form, default_name=consumer.public_id)
     if form.get("type") or consumer._state.adding:
         consumer.type = form.get("type") or Consumer.Type.PUSH
+    if "maxPerSecond" in form and form["maxPerSecond"] != consumer.max_per_second:
+        consumer.next_slot_at = None  # slots booked at the old rate do not hold the new one back
     for field, attribute in FORM_TO_MODEL.items():
         if field in form:
             setattr(consumer, attribute, form[field])

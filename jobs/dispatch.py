@@ -75,6 +75,7 @@ class Dispatcher:
         # Consumers that answered 429 with Retry-After, until when (monotonic): jobs of theirs
         # waiting for a slot here are given back unsent.
         self._throttled_until: dict[int, float] = {}
+        self._held_back: list[int] = []  # their IDs, until given back
         self._recording = 0  # results being recorded right now
         self.health = Health()  # what --health-port serves (jobs/health.py)
         # Two database threads (started on first use), each with its own connection, so that
@@ -231,10 +232,13 @@ class Dispatcher:
                 await asyncio.sleep(self.config.poll_seconds)
                 continue
             done = [task for task in in_flight if task.done()]
-            held_back = self._collect(done, in_flight)
-            if held_back:
+            self._held_back += self._collect(done, in_flight)
+            if self._held_back and not self._finished and not _running(recording):
+                # Only once the 429 that held them back is recorded: the claim then skips
+                # their consumer, rather than taking them again at once.
                 with contextlib.suppress(DatabaseDown):  # else their leases return them
-                    await self._step(self.release, held_back)
+                    await self._step(self.release, self._held_back)
+                    self._held_back = []
             if self._finished and not _running(recording):
                 recording = asyncio.create_task(self._record(self._finished))
                 recording.add_done_callback(lambda _: self._wake.set())
@@ -321,7 +325,8 @@ class Dispatcher:
         queue without using an attempt.
         """
         done, pending = await asyncio.wait(in_flight, timeout=self.config.grace_seconds)
-        unsent = self._collect(list(done), in_flight)
+        unsent = self._collect(list(done), in_flight) + self._held_back
+        self._held_back = []
         for task in pending:
             task.cancel()
             request = in_flight[task]

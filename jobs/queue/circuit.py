@@ -41,7 +41,7 @@ def record_unavailable(failures: Counter[int], now: datetime) -> dict[int, datet
     consumers = (
         Consumer.objects.select_for_update()
         .only("channel_id", "public_id", *CIRCUIT_FIELDS)
-        .order_by("pk")  # the order the push claim locks consumers in
+        .order_by("pk")  # one order for every recording: they cannot deadlock one another
     ).in_bulk(list(failures))
     reopened = {}
     for consumer in consumers.values():

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from django.db.models import F, Q
-from django.utils import timezone
 
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
@@ -74,8 +73,7 @@ def record_failures(
 
 def throttle(until: dict[int, datetime]) -> None:
     """Hold back every job of these consumers until their time (a 429's Retry-After), unless a
-    later time holds them already. One row at a time, in ID order: the order the push claim
-    locks rate-limited consumers in."""
+    later time holds them already."""
     for consumer_id in sorted(until):
         later = until[consumer_id]
         Consumer.objects.filter(
@@ -84,13 +82,10 @@ def throttle(until: dict[int, datetime]) -> None:
 
 
 def release_unsent(job_ids: Iterable[int]) -> int:
-    """Give claimed jobs that were never sent back to the queue, without using an attempt."""
+    """Give claimed jobs that were never sent back to the queue, without using an attempt and
+    in their place: they keep the due time they were claimed at."""
     return Job.objects.filter(pk__in=list(job_ids)).transition(
-        INFLIGHT,
-        QUEUED,
-        attempts=F("attempts") - 1,
-        lease_expires_at=None,
-        next_attempt_at=timezone.now(),
+        INFLIGHT, QUEUED, attempts=F("attempts") - 1, lease_expires_at=None
     )
 
 

@@ -139,11 +139,13 @@ SELECT (SELECT count(*) FROM released), (SELECT {_NOTIFY} WHERE EXISTS (SELECT F
 
 # The push claim:
 # - paced: the rate-limited consumers (rules.bookable_slots) that may receive, have a job due and
-#   a slot free within the horizon. Their rows are locked, in ID order, so that claims of several
-#   dispatchers book one consumer's slots one after another: a claim that waited reads the row as
-#   the one before left it (PostgreSQL re-reads a row it locked), and skips it if no slot is free
-#   any more. FOR NO KEY UPDATE leaves publishers' foreign-key checks unblocked. A consumer
-#   booked up to the horizon, the usual case between two of its slots, is not locked at all;
+#   a slot free within the horizon. Their rows are locked, so that claims of several dispatchers
+#   book one consumer's slots one after another; a row another transaction holds is skipped (its
+#   consumer gets nothing from this claim, and no claim ever waits). A row locked is read as the
+#   last commit left it (PostgreSQL re-reads it), so a claim books after the one before, and
+#   skips the consumer if no slot is free any more. FOR NO KEY UPDATE leaves publishers'
+#   foreign-key checks unblocked. A consumer booked up to the horizon, the usual case between two
+#   of its slots, is not locked at all;
 # - cap, room: each consumer's free in-flight slots, for push consumers that may receive
 #   (rules.receiving_push_consumers, rules.in_flight_cap), and for a paced one no more than its
 #   bookable slots. Counted once per claim (hence
@@ -180,8 +182,7 @@ WITH paced AS MATERIALIZED (
             WHERE j.consumer_id = c.id AND j.status = '{QUEUED.value}'
                 AND j.next_attempt_at <= %(now)s
         )
-    ORDER BY c.id
-    FOR NO KEY UPDATE OF c
+    FOR NO KEY UPDATE OF c SKIP LOCKED
 ),
 cap AS (
     SELECT c.id, c.ordering = '{Consumer.Ordering.ORDERED.value}' AS ordered,

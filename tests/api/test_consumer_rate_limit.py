@@ -36,7 +36,9 @@ def test_the_api_sets_shows_keeps_and_clears_the_limit(admin_client, channel):
     assert Consumer.objects.get().max_per_second is None
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "twenty", "NaN", "Infinity", "1e9", "1,5"])
+@pytest.mark.parametrize(
+    "value", ["0", "-1", "twenty", "NaN", "Infinity", "1e9", "1,5", "0.0009", "1e-13", "1e-400"]
+)
 def test_a_bad_limit_is_a_400_naming_the_field_and_changes_nothing(admin_client, channel, value):
     put(admin_client, maxPerSecond="20")
 
@@ -44,8 +46,21 @@ def test_a_bad_limit_is_a_400_naming_the_field_and_changes_nothing(admin_client,
 
     assert response.status_code == 400
     assert response.json()["Error"].startswith("maxPerSecond: ")
-    assert "a decimal number above 0 and at most 100000" in response.json()["Error"]
+    assert "a decimal number from 0.001 to 100000" in response.json()["Error"]
     assert Consumer.objects.get().max_per_second == 20
+
+
+def test_a_new_limit_applies_at_once_not_after_the_slots_booked_at_the_old_one(
+    admin_client, channel
+):
+    put(admin_client, maxPerSecond="0.01")  # one request in 100 s
+    booked = datetime(2030, 1, 1, tzinfo=UTC)
+    Consumer.objects.update(next_slot_at=booked)
+
+    put(admin_client, maxPerSecond="0.01")  # unchanged: the booking stands
+    assert Consumer.objects.get().next_slot_at == booked
+    put(admin_client, maxPerSecond="50")
+    assert Consumer.objects.get().next_slot_at is None
 
 
 def test_the_consumer_json_shows_when_a_429_holds_it_back(admin_client, channel):
@@ -76,7 +91,7 @@ def test_the_seed_sets_the_limit():
     apply_seed(parse_seed(SEED.replace("12.5", "")))  # blank: no limit
     assert Consumer.objects.get().max_per_second is None
 
-    with pytest.raises(SeedError, match=r"\[billing\] maxPerSecond: .*a decimal number above 0"):
+    with pytest.raises(SeedError, match=r"\[billing\] maxPerSecond: .*a decimal number from"):
         parse_seed(SEED.replace("12.5", "0"))
 
 
@@ -96,7 +111,7 @@ def test_the_admin_applies_the_apis_bounds(channel):
     form = admin_form(data)
 
     assert not form.is_valid()
-    assert "maxPerSecond: a decimal number above 0" in form.errors["max_per_second"][0]
+    assert "maxPerSecond: a decimal number from 0.001" in form.errors["max_per_second"][0]
     assert admin_form({**data, "max_per_second": "20"}).errors.get("max_per_second") is None
 
 

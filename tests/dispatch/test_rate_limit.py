@@ -66,5 +66,9 @@ def test_a_429_with_retry_after_holds_back_the_jobs_waiting_for_their_slots(
     assert answer.status_code == 429
     assert held == [None, None, None]  # not sent: given back by the loop, without an attempt
     assert len(receiver.received) == 1
+    due_times = dict(Job.objects.values_list("pk", "next_attempt_at"))
     assert dispatcher.release([request.job_id for request in waiting]) == 3
-    assert Job.objects.filter(status=QUEUED, attempts=0).count() == 3
+    released = Job.objects.filter(status=QUEUED, attempts=0)
+    assert released.count() == 3
+    for job in released:  # in their place in the queue, not behind the backlog
+        assert job.next_attempt_at == due_times[job.pk]
