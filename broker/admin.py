@@ -11,6 +11,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse_lazy
 
 from broker import event_catalogue
 from broker.models import (
@@ -74,6 +75,8 @@ class TokenProtectedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 admin.site.register(Producer, TokenProtectedAdmin)
 admin.site.register(Channel, TokenProtectedAdmin)
+# The admin's "View site" link: the operator UI, the site's pages for people.
+admin.site.site_url = reverse_lazy("ui:dashboard")  # type: ignore[assignment]
 
 
 class EventTypeForm(forms.ModelForm):  # type: ignore[type-arg]

@@ -23,6 +23,8 @@ SECRET_KEY = _env.DJANGO_SECRET_KEY
 DEBUG = _env.DJANGO_DEBUG
 ALLOWED_HOSTS = _env.DJANGO_ALLOWED_HOSTS
 CSRF_TRUSTED_ORIGINS = _env.DJANGO_CSRF_TRUSTED_ORIGINS
+# A form refused for its CSRF token: a page in the UI's layout under /ui/ (docs/ui.md).
+CSRF_FAILURE_VIEW = "broker.ui.error_pages.csrf_failure"
 
 # Behind TLS (directly or via a proxy that sets X-Forwarded-Proto): secure cookies, HTTPS redirect
 # and HSTS. Off by default so a first run over plain HTTP on localhost works.

@@ -8,7 +8,6 @@ from django.urls import include, path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from broker import views
-from broker.api import errors
 from broker.api.broadcast import BroadcastView
 from broker.api.broadcast_batch import BroadcastBatchView
 from broker.api.event_types import EventTypeDetailView, EventTypeListView
@@ -26,6 +25,7 @@ from broker.api.stakeholders import (
     ProducerDetailView,
     ProducerListView,
 )
+from broker.ui import error_pages
 from consumers.api import (
     CloseCircuitView,
     ConsumerDetailView,
@@ -104,7 +104,7 @@ urlpatterns = [
     path("ui/", include("broker.ui.urls")),
 ]
 
-handler400 = errors.bad_request
-handler403 = errors.permission_denied
-handler404 = errors.not_found
-handler500 = errors.server_error
+handler400 = error_pages.bad_request
+handler403 = error_pages.permission_denied
+handler404 = error_pages.not_found
+handler500 = error_pages.server_error

@@ -3,8 +3,8 @@ own `urlpatterns` next to its views."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponsePermanentRedirect
-from django.urls import path, re_path
+from django.http import Http404, HttpRequest, HttpResponsePermanentRedirect
+from django.urls import Resolver404, path, re_path, resolve
 from django.utils.encoding import escape_uri_path
 
 from broker.ui import consumer_pages, dashboard, message_pages, report_pages, schedule_pages, views
@@ -13,7 +13,16 @@ app_name = "ui"
 
 
 def without_slash(request: HttpRequest) -> HttpResponsePermanentRedirect:
-    """308, so that a form posted to `/ui/x/` is posted again to `/ui/x`."""
+    """308, so that a form posted to `/ui/x/` is posted again to `/ui/x`; a 404 when there is
+    no page `/ui/x` either (Django's APPEND_SLASH sends `/ui/x` here when nothing else answers
+    it, and the two redirects would otherwise loop)."""
+    path_info = request.path_info.rstrip("/")
+    try:
+        match = resolve(path_info)
+    except Resolver404:
+        raise Http404(request.path) from None
+    if match.url_name == "without-slash":
+        raise Http404(request.path)
     query = request.META.get("QUERY_STRING", "")
     target = escape_uri_path(request.path.rstrip("/")) + (f"?{query}" if query else "")
     return HttpResponsePermanentRedirect(target, status=308)

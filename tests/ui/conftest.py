@@ -15,9 +15,30 @@ def staff_client(client):
     return client
 
 
+# A phone's screen, as the operator review used (390 by 844 CSS pixels, touch; double density keeps
+# the screenshots small).
+PHONE = {
+    "viewport": {"width": 390, "height": 844},
+    "device_scale_factor": 2,
+    "is_mobile": True,
+    "has_touch": True,
+}
+
+
 @pytest.fixture
 def page(monkeypatch):
-    """A headless Chromium page (tests/ui/browser.py), closed after the test."""
+    """A headless Chromium page on a desktop screen (tests/ui/browser.py), closed after the
+    test."""
+    yield from _chromium_page(monkeypatch, {"viewport": {"width": 1280, "height": 800}})
+
+
+@pytest.fixture
+def phone_page(monkeypatch):
+    """The same on a phone's screen (PHONE)."""
+    yield from _chromium_page(monkeypatch, PHONE)
+
+
+def _chromium_page(monkeypatch, screen):
     from playwright.sync_api import sync_playwright
 
     from tests.ui.browser import CHROMIUM, CHROMIUM_ARGS
@@ -27,7 +48,7 @@ def page(monkeypatch):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page = browser.new_page(**screen)
         page.set_default_timeout(10_000)
         yield page
         browser.close()
