@@ -2,11 +2,14 @@
 
 An exact count of a consumer's backlog reads every entry of its index: millions of rows for a
 consumer that is down. The dashboard only needs to tell 120 from 9,000 from "a lot", so each
-count stops at `limit` + 1 rows and shows as "10,000+" beyond. One statement for all consumers:
+count stops at `limit` + 1 rows and shows as "≥ 10,000" beyond. One statement for all consumers:
 per consumer and status, a LIMITed scan of the partial index of that status
 (job_consumer_queued_idx, job_consumer_inflight_idx, job_consumer_dead_idx in
 jobs/models.py),
 so its cost is bounded by consumers x 3 x limit index entries, however large the tables grow.
+
+The totals over every consumer are counted on their own (`status_totals`), up to a higher bound:
+a sum of per-consumer counts that stopped at their bound would be neither exact nor the bound.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from jobs.models import Job
 from jobs.states import DEAD, INFLIGHT, QUEUED
 
 COUNT_LIMIT = 10_000
+TOTAL_LIMIT = 100_000  # the dashboard's tiles: every consumer's jobs of a status
 
 
 @dataclass(frozen=True)
 class BoundedCount:
-    """A count that stopped at `limit`: "10,000+" when there were more."""
+    """A count that stopped at `limit`: "≥ 10,000" when there were more, visibly a lower
+    bound."""
 
     value: int
     limit: int
@@ -34,7 +39,7 @@ class BoundedCount:
         return self.value > self.limit
 
     def __str__(self) -> str:
-        return f"{self.limit:,}+" if self.capped else f"{self.value:,}"
+        return f"≥ {self.limit:,}" if self.capped else f"{self.value:,}"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,26 @@ SELECT c.id, {_bounded_count_sql(QUEUED)}, {_bounded_count_sql(INFLIGHT)},
     {_bounded_count_sql(DEAD)}
 FROM {Consumer._meta.db_table} c
 """  # noqa: S608
+
+
+# Every consumer's jobs of each status, each count stopping at the bound: index-only scans of the
+# statuses' partial indexes (job_consumer_queued_idx, job_lease_idx, job_dead_recent_idx).
+_STATUS_TOTALS_SQL = ", ".join(
+    f"""(SELECT COUNT(*) FROM (
+        SELECT 1 FROM {Job._meta.db_table} WHERE status = '{status}' LIMIT %(bound)s
+    ) AS first_rows)"""  # noqa: S608 (a table name and a status constant)
+    for status in (QUEUED, INFLIGHT, DEAD)
+)
+
+
+def status_totals(limit: int = TOTAL_LIMIT) -> QueueDepth:
+    """Queued, in-flight and dead jobs of every consumer, each counted up to `limit` + 1."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {_STATUS_TOTALS_SQL}", {"bound": limit + 1})
+        queued, in_flight, dead = cursor.fetchone() or (0, 0, 0)
+    return QueueDepth(
+        BoundedCount(queued, limit), BoundedCount(in_flight, limit), BoundedCount(dead, limit)
+    )
 
 
 def queue_depths(limit: int = COUNT_LIMIT) -> dict[int, QueueDepth]:

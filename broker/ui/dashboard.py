@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
@@ -25,7 +25,14 @@ from broker.ui.charts import Series, stacked_bars
 from consumers.models import Consumer
 from jobs.maintenance import HOUSEKEEPING_SECONDS
 from jobs.models import DispatcherHeartbeat
-from jobs.queue_depth import COUNT_LIMIT, BoundedCount, QueueDepth, queue_depths
+from jobs.queue_depth import (
+    COUNT_LIMIT,
+    TOTAL_LIMIT,
+    BoundedCount,
+    QueueDepth,
+    queue_depths,
+    status_totals,
+)
 from jobs.stats import (
     HOUR,
     MINUTE,
@@ -101,13 +108,14 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         consumers_in_order(), queue_depths(COUNT_LIMIT), last_hour, last_day, now
     )
     rows = [row for group in groups for row in group.rows]
+    hour_seconds = (now - last_hour.since).total_seconds()
     beats = [
         Beat(beat, now - beat.last_beat_at)
         for beat in DispatcherHeartbeat.objects.order_by("-last_beat_at")[:HEARTBEATS_SHOWN]
     ]
     context = {
         "groups": groups,
-        "tiles": tiles(rows, last_hour, beats, (now - last_hour.since).total_seconds()),
+        "tiles": tiles(rows, status_totals(TOTAL_LIMIT), last_hour, beats, hour_seconds),
         "beats": beats,
         "stale_after": int(STALE_AFTER.total_seconds()),
         "minute_chart": deliveries_chart(
@@ -116,6 +124,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         "hour_chart": deliveries_chart("Deliveries per hour, last 24 hours", last_day, "hour", 3),
         "stats_behind": stats_behind(),
         "count_limit": f"{COUNT_LIMIT:,}",
+        "total_limit": f"{TOTAL_LIMIT:,}",
         "now": now,
     }
     return render(request, "ui/dashboard.html", context)
@@ -158,37 +167,35 @@ def channel_groups(
 class Tile:
     label: str
     value: str
+    link: str  # what the tile counts
     alert: bool = False  # drawn in red: something needs an operator
     note: str = ""
 
 
-def tiles(rows: list[ConsumerRow], hour: Recent, beats: list[Beat], seconds: float) -> list[Tile]:
+def tiles(
+    rows: list[ConsumerRow], totals: QueueDepth, hour: Recent, beats: list[Beat], seconds: float
+) -> list[Tile]:
     open_circuits = sum(row.circuit == "open" for row in rows)
     paused = sum(row.consumer.paused for row in rows)
     alive = sum(not beat.stale for beat in beats)
-    dead = [row.depth.dead for row in rows]
+    consumers, reports = "#consumers", reverse("ui:reports")
     return [
-        Tile("Queued", total([row.depth.queued for row in rows])),
-        Tile("In flight", total([row.depth.in_flight for row in rows])),
-        Tile("Dead", total(dead), alert=any(count.value for count in dead)),
+        Tile("Queued", str(totals.queued), consumers),
+        Tile("In flight", str(totals.in_flight), consumers),
+        Tile("Dead", str(totals.dead), reverse("ui:dead-jobs"), alert=totals.dead.value > 0),
         Tile(
             "Delivered, last hour",
             f"{hour.total.delivered:,}",
+            reports,
             note=format_rate(hour.total.delivered / seconds) if hour.total.attempts else "",
         ),
-        Tile("Success rate, last hour", format_percent(hour.total.success_rate)),
-        Tile("p95 latency, last hour", format_latency(hour.total.latency_ms(0.95))),
-        Tile("Open circuits", str(open_circuits), alert=open_circuits > 0),
-        Tile("Paused consumers", str(paused), alert=paused > 0),
+        Tile("Success rate, last hour", format_percent(hour.total.success_rate), reports),
+        Tile("p95 latency, last hour", format_latency(hour.total.latency_ms(0.95)), reports),
+        Tile("Open circuits", str(open_circuits), consumers, alert=open_circuits > 0),
+        Tile("Paused consumers", str(paused), consumers, alert=paused > 0),
         # Only no live dispatcher at all is an alert: a killed one leaves a stale row behind.
-        Tile("Dispatchers", f"{alive} of {len(beats)}", alert=alive == 0),
+        Tile("Dispatchers", f"{alive} of {len(beats)}", "#dispatchers", alert=alive == 0),
     ]
-
-
-def total(counts: list[BoundedCount]) -> str:
-    """The sum of bounded counts, "+" when any of them stopped at its bound."""
-    value = sum(min(count.value, count.limit) for count in counts)
-    return f"{value:,}+" if any(count.capped for count in counts) else f"{value:,}"
 
 
 def deliveries_chart(title: str, recent: Recent, unit: str, label_every: int) -> SafeString:

@@ -137,7 +137,18 @@ class ConsumerRow:
 
 @operator_view(get=VIEW_MESSAGES)
 def message_detail(request: HttpRequest, message_pk: int) -> HttpResponse:
-    message = get_object_or_404(Message.objects.defer("payload"), pk=message_pk)
+    return message_page(request, get_object_or_404(Message.objects.defer("payload"), pk=message_pk))
+
+
+@operator_view(get=VIEW_MESSAGES)
+def message_by_id(request: HttpRequest, channel_id: str, message_id: str) -> HttpResponse:
+    """The same page at the message's public address: its channel and message ID, as producers
+    and the API know it."""
+    messages_of_channel = Message.objects.defer("payload").filter(channel_id=channel_id)
+    return message_page(request, get_object_or_404(messages_of_channel, public_id=message_id))
+
+
+def message_page(request: HttpRequest, message: Message) -> HttpResponse:
     jobs = {job.consumer_id: job for job in message.jobs.all()}
     consumers = Consumer.objects.filter(channel_id=message.channel_id).order_by("public_id")
     rows = [
@@ -206,4 +217,5 @@ urlpatterns: list[URLPattern] = [
     path("messages", message_search, name="messages"),
     path("messages/<int:message_pk>", message_detail, name="message"),
     path("messages/<int:message_pk>/replay", message_replay, name="message-replay"),
+    path("messages/<str:channel_id>/<str:message_id>", message_by_id, name="message-by-id"),
 ]

@@ -3,7 +3,10 @@ state machine's own methods (`Job.requeue`, `JobQuerySet.requeue_dead`) and `del
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import messages
@@ -11,8 +14,10 @@ from django.db.models import BinaryField, F, Func, OuterRef, Q, QuerySet, Subque
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 
 from broker.models import Message
+from broker.templatetags.ui_format import utc
 from broker.ui import inputs, paging
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
 from consumers.models import Consumer
@@ -99,13 +104,47 @@ def job_detail(request: HttpRequest, job_id: str) -> HttpResponse:
         "message": job.message,
         "preview": message_preview(job.message),
         "attempts": job.delivery_attempts.order_by("started_at"),
+        "back": came_from(request) or default_back(job),
+        "held_back": held_back_by(job.consumer, timezone.now()),
     }
     return render(request, "ui/job.html", context)
 
 
+def came_from(request: HttpRequest) -> str | None:
+    """The UI page the operator came from (its filters kept), when the browser says and it is a
+    page of this site's UI; None otherwise."""
+    referer = request.headers.get("Referer", "")
+    if not inputs.is_local_url(referer, request.get_host()):
+        return None
+    parts = urlsplit(referer)
+    if not parts.path.startswith(reverse("ui:dashboard")) or parts.path == request.path:
+        return None
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def default_back(job: Job) -> str:
+    """Where a job's page leads back to without a referrer: the dead jobs for a dead job, its
+    consumer's page otherwise."""
+    if job.status == DEAD:
+        return reverse("ui:dead-jobs")
+    return reverse("ui:consumer", args=[job.consumer.channel_id, job.consumer.public_id])
+
+
+def held_back_by(consumer: Consumer, now: datetime) -> str:
+    """Why none of the consumer's jobs is sent now, in words; "" when nothing holds them."""
+    if consumer.paused:
+        return "its consumer is paused"
+    if consumer.circuit_open_until and consumer.circuit_open_until > now:
+        return f"the circuit of its consumer is open until {utc(consumer.circuit_open_until)}"
+    if consumer.throttled_until and consumer.throttled_until > now:
+        return f"its consumer answered 429: held until {utc(consumer.throttled_until)}"
+    return ""
+
+
 def message_preview(message: Message) -> str | None:
-    """The start of an inline payload as text; None when it is offloaded (it is not read). Only
-    the first PREVIEW_BYTES leave the database, however large the payload."""
+    """The start of an inline payload as text, indented when it is the whole of a JSON payload;
+    None when it is offloaded (it is not read). Only the first PREVIEW_BYTES leave the database,
+    however large the payload."""
     if message.payload_file:
         return None
     head = (
@@ -122,7 +161,22 @@ def message_preview(message: Message) -> str | None:
         .values_list("head", flat=True)
         .get()
     )
-    return bytes(head).decode("utf-8", errors="replace")
+    text = bytes(head).decode("utf-8", errors="replace")
+    whole = len(head) == message.payload_size
+    return indented_json(text) if whole and is_json(message.content_type) else text
+
+
+def is_json(content_type: str) -> bool:
+    media_type = content_type.split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+def indented_json(text: str) -> str:
+    """JSON text indented for reading; the text as it is when it does not parse."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
 
 
 @operator_view(post=CHANGE_JOBS)

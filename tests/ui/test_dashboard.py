@@ -195,13 +195,32 @@ def test_stale_dispatchers_are_flagged(staff_client, broker_state):
     assert ">stale</span>" in html
 
 
-def test_counts_past_the_bound_show_a_plus(staff_client, broker_state, monkeypatch):
+def test_counts_past_the_bound_show_as_a_lower_bound(staff_client, broker_state, monkeypatch):
     monkeypatch.setattr("broker.ui.dashboard.COUNT_LIMIT", 2)
 
     response = staff_client.get("/ui/")
 
-    assert consumer_rows(response)["orders/billing"][3:6] == ["2+", "1", "2"]
-    assert tiles(response)["Queued"] == "2+"
+    assert consumer_rows(response)["orders/billing"][3:6] == ["≥ 2", "1", "2"]
+    # The tiles count every consumer's jobs on their own: exact, not a sum of capped counts.
+    queued, dead = (Job.objects.filter(status=status).count() for status in (QUEUED, DEAD))
+    assert queued > 2
+    assert tiles(response)["Queued"] == f"{queued:,}"
+    assert tiles(response)["Dead"] == f"{dead:,}"
+
+
+def test_tiles_past_their_own_bound_show_as_a_lower_bound(staff_client, broker_state, monkeypatch):
+    monkeypatch.setattr("broker.ui.dashboard.TOTAL_LIMIT", 2)
+
+    assert tiles(staff_client.get("/ui/"))["Queued"] == "≥ 2"
+
+
+def test_each_tile_links_to_what_it_counts(staff_client, broker_state):
+    links = {tile.label: tile.link for tile in staff_client.get("/ui/").context["tiles"]}
+
+    assert links["Dead"] == "/ui/dead-jobs"
+    assert links["Open circuits"] == links["Queued"] == "#consumers"
+    assert links["Dispatchers"] == "#dispatchers"
+    assert links["Success rate, last hour"] == "/ui/reports"
 
 
 def test_the_charts_are_well_formed_svg_with_the_deliveries(staff_client, broker_state):

@@ -223,7 +223,7 @@ def test_the_message_page_shows_facts_jobs_attempts_payload_and_headers(staff_cl
         "customer-7",
         "X-Trace",
         "abc-123",
-        "{&quot;order&quot;: 42}",
+        "{\n  &quot;order&quot;: 42\n}",
         "HTTP 410 from the callback",
         "answer 1 of billing",
         "answer 2 of audit",
@@ -270,6 +270,19 @@ def test_an_offloaded_payload_is_not_read(staff_client, channel):
 
 def test_an_unknown_message_is_404(staff_client):
     assert staff_client.get("/ui/messages/999999").status_code == 404
+    assert staff_client.get("/ui/messages/orders/no-such-message").status_code == 404
+
+
+def test_a_message_opens_at_its_public_address(staff_client, channel):
+    message = delivered_message(channel, message_id="order-42_x")
+    by_pk = staff_client.get(f"/ui/messages/{message.pk}")
+
+    by_id = staff_client.get("/ui/messages/orders/order-42_x")
+
+    assert by_id.status_code == 200
+    assert by_id.context["message"] == message
+    assert by_pk.context["message"] == message
+    assert "answer 1 of billing" in page_of(by_id)
 
 
 def test_the_message_page_query_count_does_not_grow_with_jobs_or_attempts(staff_client, channel):

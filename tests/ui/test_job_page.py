@@ -1,0 +1,103 @@
+"""The job page (issue 20): why a retrying job waits and until when, the way back to where the
+operator came from, every stored byte of a response, and a JSON payload made readable."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from broker.templatetags.ui_format import utc
+from consumers.models import Consumer
+from jobs.models import Job
+from jobs.states import DEAD, QUEUED
+from tests.helpers import make_job
+from tests.ui.test_dead_jobs import add_attempt
+
+pytestmark = pytest.mark.django_db
+
+
+def retrying_job() -> Job:
+    job = make_job(QUEUED, attempts=2)
+    Job.objects.filter(pk=job.pk).update(
+        next_attempt_at=timezone.now() + timedelta(minutes=5), last_error="HTTP 503"
+    )
+    job.refresh_from_db()
+    return job
+
+
+def page(staff_client, job: Job, **headers) -> str:
+    response = staff_client.get(f"/ui/jobs/{job.public_id}", headers=headers)
+    return str(response.content.decode())
+
+
+def test_a_retrying_job_says_when_its_next_attempt_is_due(staff_client):
+    job = retrying_job()
+
+    shown = page(staff_client, job)
+
+    assert f"due {utc(job.next_attempt_at)}, after 2 failed attempts" in shown
+    assert "HTTP 503" in shown
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"paused": True}, "held back: its consumer is paused"),
+        (
+            {"circuit_open_until": timedelta(minutes=2)},
+            "held back: the circuit of its consumer is open",
+        ),
+        ({"throttled_until": timedelta(minutes=1)}, "held back: its consumer answered 429"),
+    ],
+)
+def test_a_job_held_back_by_its_consumer_says_why(staff_client, change, reason):
+    job = retrying_job()
+    now = timezone.now()
+    values = {k: now + v if isinstance(v, timedelta) else v for k, v in change.items()}
+    Consumer.objects.update(**values)
+
+    assert reason in page(staff_client, job)
+
+
+def test_the_back_link_leads_where_the_operator_came_from(staff_client):
+    job = make_job(DEAD, attempts=1)
+    came_from = "http://testserver/ui/dead-jobs?consumer=billing&status_code=503"
+
+    assert 'href="/ui/dead-jobs?consumer=billing&amp;status_code=503">← Back' in page(
+        staff_client, job, Referer=came_from
+    )
+    # Elsewhere, another site or no referrer: the dead jobs for a dead job...
+    for referer in ["https://elsewhere.example/ui/x", "http://testserver/admin/", ""]:
+        assert 'href="/ui/dead-jobs">← Back' in page(staff_client, job, Referer=referer)
+    # ... its consumer for a job still on its way.
+    queued = retrying_job()
+    assert 'href="/ui/consumers/orders/billing">← Back' in page(staff_client, queued)
+
+
+def test_a_long_response_is_shown_whole_behind_a_control(staff_client):
+    job = make_job(DEAD, attempts=1)
+    long_answer = "connection to clickhouse:9000 refused; " * 100  # 3,900 characters
+    add_attempt(job, status_code=500, response_excerpt=long_answer)
+    add_attempt(job, status_code=500, response_excerpt="short")
+
+    shown = page(staff_client, job)
+
+    assert '<details class="excerpt-more">' in shown
+    assert long_answer.strip() in shown
+    assert ">short<" in shown.replace("\n", "")
+
+
+def test_a_json_payload_is_indented_and_another_shown_as_it_is(staff_client):
+    job = make_job(DEAD, attempts=1)
+    job.message.payload, job.message.payload_size = b'{"order":42,"lines":[1]}', 24
+    job.message.save()
+
+    assert "{\n  &quot;order&quot;: 42,\n  &quot;lines&quot;: [\n    1\n  ]\n}" in page(
+        staff_client, job
+    )
+
+    job.message.content_type = "text/plain"
+    job.message.save()
+    assert "{&quot;order&quot;:42,&quot;lines&quot;:[1]}" in page(staff_client, job)
