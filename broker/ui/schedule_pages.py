@@ -34,8 +34,9 @@ from broker.ui import inputs, paging, periodic_pages
 from broker.ui.access import ADD_MESSAGES, DELETE_MESSAGES, VIEW_MESSAGES, operator_view
 from broker.ui.views import message_preview, redirect_back
 
-# The value of an <input type="datetime-local">: no offset, seconds optional.
-DATETIME_LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?\Z", re.ASCII)
+# An ISO 8601 date and time without an offset (read as UTC), "T" or a space between them,
+# seconds optional: what the form's field asks for.
+DATETIME_LOCAL = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?\Z", re.ASCII)
 # Soonest release first, ties within one instant by id.
 SCHEDULED_ORDER = paging.Keyset("scheduled_for", "pk", inputs.moment, inputs.primary_key)
 LISTED_FIELDS = (
@@ -70,7 +71,8 @@ class ScheduleMessageForm(forms.Form):
     ordering_key = forms.CharField(required=False, max_length=255)
     scheduled_for = forms.CharField(
         help_text="in UTC",
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local", "step": 1}),
+        # Text in ISO 8601, not the browser's date picker, which shows its locale's format.
+        widget=forms.TextInput(attrs={"placeholder": "2030-01-31 12:00"}),
     )
 
     def clean_scheduled_for(self) -> datetime:
@@ -78,8 +80,8 @@ class ScheduleMessageForm(forms.Form):
 
 
 def parse_schedule_time(text: str) -> datetime:
-    """An RFC 3339 date-time (as the broadcast header takes), or what a datetime-local input
-    sends (no offset), read as UTC, the zone every page of the UI shows; within the range
+    """An RFC 3339 date-time (as the broadcast header takes), or one without an offset, read as
+    UTC, the zone every page of the UI shows; within the range
     broker/ui/inputs.py allows."""
     try:
         return inputs.in_range(_schedule_time(text.strip()))

@@ -7,7 +7,15 @@ from django.http import Http404, HttpRequest, HttpResponsePermanentRedirect
 from django.urls import Resolver404, path, re_path, resolve
 from django.utils.encoding import escape_uri_path
 
-from broker.ui import consumer_pages, dashboard, message_pages, report_pages, schedule_pages, views
+from broker.ui import (
+    consumer_pages,
+    dashboard,
+    job_actions,
+    message_pages,
+    report_pages,
+    schedule_pages,
+    views,
+)
 
 app_name = "ui"
 
@@ -30,8 +38,7 @@ def without_slash(request: HttpRequest) -> HttpResponsePermanentRedirect:
 
 urlpatterns = [
     path("dead-jobs", views.dead_jobs, name="dead-jobs"),
-    path("dead-jobs/bulk", views.bulk_action, name="bulk-action"),
-    path("dead-jobs/requeue-since", views.requeue_since, name="requeue-since"),
+    *job_actions.urlpatterns,
     path("jobs/<str:job_id>", views.job_detail, name="job"),
     path("jobs/<str:job_id>/requeue", views.requeue_job, name="requeue-job"),
     *dashboard.urlpatterns,

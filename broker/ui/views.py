@@ -1,11 +1,11 @@
 """Dead jobs and job detail pages. Views stay thin: every status change goes through the job
-state machine's own methods (`Job.requeue`, `JobQuerySet.requeue_dead`) and `delete_jobs`."""
+state machine's own methods (`Job.requeue`); the list's actions on many jobs are in
+broker/ui/job_actions.py."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
 from urllib.parse import urlsplit
 
 from django import forms
@@ -16,17 +16,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
-from broker.models import Message
+from broker.models import Channel, Message
 from broker.templatetags.ui_format import utc
 from broker.ui import inputs, paging
-from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
+from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view
 from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, Job, delete_jobs
+from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
 
 PREVIEW_BYTES = 4096
-# The dead jobs list's bulk actions, each with its permission.
-BULK_ACTIONS = {"requeue": CHANGE_JOBS, "delete": DELETE_JOBS}
+CHOICES = 500  # suggestions a channel or consumer field offers
+# The permissions of the dead jobs list's actions (broker/ui/job_actions.py).
+ACTION_PERMISSIONS = (CHANGE_JOBS, DELETE_JOBS)
 # Newest change first: the order of the partial index job_dead_recent_idx.
 DEAD_JOBS_ORDER = paging.Keyset(
     "status_changed_at", "pk", inputs.moment, inputs.primary_key, descending=True
@@ -60,12 +61,6 @@ class DeadJobFilters(forms.Form):
         return DEAD_JOBS_ORDER.after(jobs, data["cursor"])
 
 
-class RequeueSinceForm(forms.Form):
-    channel = inputs.IdField(required=True)
-    consumer = inputs.IdField(required=True)
-    since = inputs.MomentField(required=True)
-
-
 def dead_jobs_with_last_status() -> QuerySet[Job]:
     last_attempt = DeliveryAttempt.objects.filter(job=OuterRef("pk")).order_by("-started_at")
     return DEAD_JOBS_ORDER.ordered(
@@ -86,10 +81,31 @@ def dead_jobs(request: HttpRequest) -> HttpResponse:
         "filters": filters,
         "jobs": page.rows,
         # The ticks of the rows only for users who may requeue or delete them.
-        "may_act": any(request.user.has_perm(name) for name in BULK_ACTIONS.values()),
+        "may_act": any(request.user.has_perm(name) for name in ACTION_PERMISSIONS),
+        "id_choices": id_choices(filters.cleaned_data["channel"]),
+        # The filters, for "all matching" to post again (the page's cursor left out).
+        "matching": [
+            (name, filters.data[name])
+            for name in DeadJobFilters.base_fields
+            if name != "cursor" and filters.data.get(name)
+        ],
         **page.links(),
     }
     return render(request, "ui/dead_jobs.html", context)
+
+
+def id_choices(channel_id: str | None = None) -> dict[str, list[str]]:
+    """What channel and consumer fields suggest (templates/ui/id_choices.html): the channels,
+    and the consumers of `channel_id` or of every channel; at most CHOICES of each, by ID."""
+    consumers = Consumer.objects.all()
+    if channel_id:
+        consumers = consumers.filter(channel_id=channel_id)
+    return {
+        "channels": list(Channel.objects.order_by("pk").values_list("pk", flat=True)[:CHOICES]),
+        "consumers": list(
+            consumers.order_by("public_id").values_list("public_id", flat=True).distinct()[:CHOICES]
+        ),
+    }
 
 
 @operator_view(get=VIEW_JOBS)
@@ -189,39 +205,6 @@ def requeue_job(request: HttpRequest, job_id: str) -> HttpResponse:
     else:
         messages.success(request, f"Job {job.public_id} was requeued.")
     return redirect("ui:job", job_id=job.public_id)
-
-
-@operator_view(post=VIEW_JOBS)  # and the permission of the action chosen, below
-def bulk_action(request: HttpRequest) -> HttpResponse:
-    action = request.POST.get("action", "")
-    if action not in BULK_ACTIONS:
-        messages.error(request, "Unknown action.")
-        return back_to_list(request)
-    require(request, BULK_ACTIONS[action])
-    ids = inputs.job_keys(request.POST.getlist("job"), "job")
-    selected = Job.objects.filter(pk__in=ids)
-    if not ids:
-        messages.warning(request, "No jobs were selected.")
-    elif action == "requeue":
-        messages.success(request, f"Requeued {selected.requeue_dead()} of {len(ids)} jobs.")
-    else:
-        deleted = delete_jobs(selected.filter(status=DEAD))
-        messages.success(request, f"Deleted {deleted} of {len(ids)} jobs.")
-    return back_to_list(request)
-
-
-@operator_view(post=CHANGE_JOBS)
-def requeue_since(request: HttpRequest) -> HttpResponse:
-    data: dict[str, Any] = inputs.valid(RequeueSinceForm(request.POST))
-    consumer = get_object_or_404(Consumer, channel_id=data["channel"], public_id=data["consumer"])
-    dead = Job.objects.filter(consumer=consumer, status_changed_at__gte=data["since"])
-    count = dead.requeue_dead()
-    messages.success(request, f"Requeued {count} dead jobs of {consumer.public_id}.")
-    return back_to_list(request)
-
-
-def back_to_list(request: HttpRequest) -> HttpResponseRedirect:
-    return redirect_back(request, reverse("ui:dead-jobs"))
 
 
 def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:

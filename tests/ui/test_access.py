@@ -25,6 +25,8 @@ from jobs.queue import take_for_pull
 from jobs.states import DEAD, QUEUED
 from tests.helpers import make_channel, make_consumer, make_operator, make_producer
 
+CONFIRMED = {"confirmed": "yes"}  # the second step of an action that asks first
+
 pytestmark = pytest.mark.django_db
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -136,11 +138,13 @@ def actions(rows: dict[str, int]) -> list[tuple[str, dict[str, object]]]:
         (f"{CONSUMER}/test-event", {}),
         ("/ui/consumers/new", {**edit_form(consumer), "channel": "orders", "consumer_id": "new"}),
         (url("/ui/jobs/{job}/requeue", rows), {}),
-        ("/ui/dead-jobs/bulk", {"action": "requeue", "job": [rows["job"]]}),
-        ("/ui/dead-jobs/bulk", {"action": "delete", "job": [rows["job"]]}),
+        ("/ui/dead-jobs/bulk", {"action": "requeue", "job": [rows["job"]], **CONFIRMED}),
+        ("/ui/dead-jobs/bulk", {"action": "delete", "job": [rows["job"]], **CONFIRMED}),
+        ("/ui/dead-jobs/matching", {"action": "requeue", "consumer": "billing", **CONFIRMED}),
+        ("/ui/dead-jobs/matching", {"action": "delete", "consumer": "billing", **CONFIRMED}),
         (
             "/ui/dead-jobs/requeue-since",
-            {"channel": "orders", "consumer": "billing", "since": "2029-01-01T00:00"},
+            {"channel": "orders", "consumer": "billing", "since": "2029-01-01T00:00", **CONFIRMED},
         ),
         (url("/ui/messages/{message}/replay", rows), {}),
         ("/ui/scheduled/orders/later/cancel", {}),
@@ -292,7 +296,9 @@ def test_requeue_and_delete_are_separate_rights(rows):
 
     delete = client.post("/ui/dead-jobs/bulk", {"action": "delete", "job": [rows["job"]]})
     assert delete.status_code == 403
-    requeue = client.post("/ui/dead-jobs/bulk", {"action": "requeue", "job": [rows["job"]]})
+    requeue = client.post(
+        "/ui/dead-jobs/bulk", {"action": "requeue", "job": [rows["job"]], **CONFIRMED}
+    )
     assert requeue.status_code == 302
     assert Job.objects.get(pk=rows["job_pk"]).status == QUEUED
 

@@ -182,24 +182,27 @@ def test_bulk_requeue_and_delete(staff_client):
             "action": "requeue",
             "job": [first.public_id, alive.public_id],
             "next": "/ui/dead-jobs?channel=orders",
+            "confirmed": "yes",
         },
     )
     assert response["Location"] == "/ui/dead-jobs?channel=orders"
     assert Job.objects.get(pk=first.pk).status == QUEUED
 
     staff_client.post(
-        "/ui/dead-jobs/bulk", {"action": "delete", "job": [second.public_id, alive.public_id]}
+        "/ui/dead-jobs/bulk",
+        {"action": "delete", "job": [second.public_id, alive.public_id], "confirmed": "yes"},
     )
     assert set(Job.objects.values_list("pk", flat=True)) == {first.pk, third.pk, alive.pk}
 
     response = staff_client.get("/ui/dead-jobs")
     shown = [str(message) for message in response.context["messages"]]
-    assert shown == ["Requeued 1 of 2 jobs.", "Deleted 1 of 2 jobs."]
+    assert shown == ["Requeued 1 of the 2 selected jobs.", "Deleted 1 of the 2 selected jobs."]
 
 
 def test_bulk_redirects_only_to_this_site(staff_client):
     response = staff_client.post(
-        "/ui/dead-jobs/bulk", {"action": "requeue", "next": "https://evil.example/"}
+        "/ui/dead-jobs/bulk",
+        {"action": "requeue", "next": "https://evil.example/", "confirmed": "yes"},
     )
     assert response["Location"] == "/ui/dead-jobs"
 
@@ -210,7 +213,8 @@ def test_requeue_since_takes_only_the_consumers_recent_dead_jobs(staff_client):
     since = (timezone.now() - timedelta(days=1)).isoformat()
 
     staff_client.post(
-        "/ui/dead-jobs/requeue-since", {"channel": "orders", "consumer": "billing", "since": since}
+        "/ui/dead-jobs/requeue-since",
+        {"channel": "orders", "consumer": "billing", "since": since, "confirmed": "yes"},
     )
 
     assert Job.objects.get(pk=recent.pk).status == QUEUED

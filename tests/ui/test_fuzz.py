@@ -113,8 +113,19 @@ PERIODIC_FIELDS = {
     "skipWhilePending": "true",
 }
 FORM_FIELDS: dict[str, dict[str, str | list[str]]] = {
-    "bulk-action": {"action": "requeue", "job": ["0000000000000000000g"], "next": "/ui/dead-jobs"},
-    "requeue-since": {"channel": "orders", "consumer": "billing", "since": "2029-12-31T00:00"},
+    "bulk-action": {
+        "action": "requeue",
+        "job": ["0000000000000000000g"],
+        "next": "/ui/dead-jobs",
+        "confirmed": "yes",
+    },
+    "matching-action": {"action": "delete", "consumer": "billing", "confirmed": "yes"},
+    "requeue-since": {
+        "channel": "orders",
+        "consumer": "billing",
+        "since": "2029-12-31T00:00",
+        "confirmed": "yes",
+    },
     "message-replay": {"consumer": "billing"},
     "consumer-create": {"channel": "orders", "consumer_id": "new-one", **CONSUMER_SETTINGS},
     "consumer-edit": {**CONSUMER_SETTINGS, "changed_at": "2030-01-01T12:00:00+00:00"},

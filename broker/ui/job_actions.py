@@ -1,0 +1,169 @@
+"""The dead jobs list's actions on many jobs at once: the ticked rows, every job the filters match,
+and "requeue since". Each shows first what it would do, the number of jobs (bounded) and a sample
+of them, and acts only once that page is confirmed (docs/ui.md, "Actions"). Status changes go
+through the job state machine (`requeue_dead`) and `delete_jobs`, as in the REST API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import URLPattern, path, reverse
+
+from broker.ui import inputs
+from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
+from broker.ui.views import DeadJobFilters, dead_jobs_with_last_status, id_choices, redirect_back
+from consumers.models import Consumer
+from jobs.models import Job, delete_jobs
+from jobs.queue_depth import BoundedCount
+from jobs.states import DEAD
+
+# Each action, with its permission (views.ACTION_PERMISSIONS) and the word for it.
+ACTIONS = {"requeue": CHANGE_JOBS, "delete": DELETE_JOBS}
+VERBS = {"requeue": "Requeue", "delete": "Delete"}
+# The most jobs one action takes: the newest that match. An action on more is repeated; each
+# stays one short transaction, and its preview one bounded count.
+ACTION_LIMIT = 10_000
+SAMPLE_SIZE = 10
+CONFIRMED = "yes"
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What an action would act on, for its confirmation page."""
+
+    action: str
+    jobs: BoundedCount
+    sample: list[Job]
+    what: str  # "the 3 selected jobs", "every dead job the filters match", ...
+    fields: list[tuple[str, str]]  # the form's fields, to post again with the confirmation
+    url: str  # where the confirmation posts
+
+    @property
+    def verb(self) -> str:
+        return VERBS[self.action]
+
+
+@operator_view(post=VIEW_JOBS)  # and the permission of the action chosen, below
+def selected_action(request: HttpRequest) -> HttpResponse:
+    """Requeue or delete the ticked rows."""
+    action = _action(request)
+    public_ids = request.POST.getlist("job")
+    keys = inputs.job_keys(public_ids, "job")
+    if not keys:
+        messages.warning(request, "No jobs were selected.")
+        return back_to_list(request)
+    jobs = Job.objects.filter(pk__in=keys, status=DEAD)
+    fields = [("job", public_id) for public_id in public_ids]
+    what = f"the {len(keys)} selected job{'s' if len(keys) != 1 else ''}"
+    return _confirm_or_act(request, action, jobs, what, fields, "ui:bulk-action")
+
+
+@operator_view(post=VIEW_JOBS)  # and the permission of the action chosen, below
+def matching_action(request: HttpRequest) -> HttpResponse:
+    """Requeue or delete every dead job the list's filters match (the newest ACTION_LIMIT)."""
+    action = _action(request)
+    filters = DeadJobFilters(request.POST)
+    inputs.valid(filters)
+    jobs = filters.apply(dead_jobs_with_last_status())
+    fields = [(name, str(value)) for name, value in filters.data.items() if name != "cursor"]
+    return _confirm_or_act(
+        request, action, jobs, "every dead job the filters match", fields, "ui:matching-action"
+    )
+
+
+class RequeueSinceForm(forms.Form):
+    channel = inputs.IdField(required=True)
+    consumer = inputs.IdField(required=True)
+    since = inputs.MomentField(required=True)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        found = Consumer.objects.filter(channel_id=data["channel"], public_id=data["consumer"])
+        data["found"] = found.first()
+        if data["found"] is None:
+            self.add_error(
+                "consumer", f"No consumer {data['consumer']!r} in channel {data['channel']!r}."
+            )
+        return data
+
+
+@operator_view(post=CHANGE_JOBS)
+def requeue_since(request: HttpRequest) -> HttpResponse:
+    """Requeue a consumer's jobs that died since a time. A form with a mistake comes back with
+    what was typed and what is wrong, not an error page."""
+    form = RequeueSinceForm(request.POST)
+    if not form.is_valid():
+        # The channel's consumers only when the channel given is valid (it is a query value).
+        context = {"form": form, "id_choices": id_choices(form.cleaned_data.get("channel"))}
+        return render(request, "ui/requeue_since.html", context, status=400)
+    data = form.cleaned_data
+    consumer = data["found"]
+    jobs = Job.objects.filter(
+        consumer=consumer, status=DEAD, status_changed_at__gte=data["since"]
+    ).order_by("-status_changed_at", "-pk")
+    what = f"the dead jobs of {consumer.channel_id}/{consumer.public_id} since {data['since']}"
+    fields = [(name, str(request.POST.get(name, ""))) for name in ("channel", "consumer", "since")]
+    return _confirm_or_act(request, "requeue", jobs, what, fields, "ui:requeue-since")
+
+
+def _action(request: HttpRequest) -> str:
+    action = request.POST.get("action", "")
+    if action not in ACTIONS:
+        raise inputs.bad("action", "Choose requeue or delete.")
+    require(request, ACTIONS[action])
+    return action
+
+
+def _confirm_or_act(
+    request: HttpRequest,
+    action: str,
+    jobs: QuerySet[Job],
+    what: str,
+    fields: list[tuple[str, str]],
+    url_name: str,
+) -> HttpResponse:
+    """The confirmation page, unless this request confirms it: then the action, on the newest
+    ACTION_LIMIT of `jobs`."""
+    if request.POST.get("confirmed") != CONFIRMED:
+        sample = jobs.select_related("consumer", "message").defer("message__payload")
+        preview = Preview(
+            action,
+            BoundedCount(jobs[: ACTION_LIMIT + 1].count(), ACTION_LIMIT),
+            list(sample[:SAMPLE_SIZE]),
+            what,
+            [("action", action), *fields, ("next", _next(request))],
+            reverse(url_name),
+        )
+        return render(request, "ui/confirm_jobs.html", {"preview": preview, "limit": ACTION_LIMIT})
+    keys = list(jobs.values_list("pk", flat=True)[:ACTION_LIMIT])
+    taken = Job.objects.filter(pk__in=keys, status=DEAD)
+    done = taken.requeue_dead() if action == "requeue" else delete_jobs(taken)
+    more = " More match: run it again for the next ones." if len(keys) == ACTION_LIMIT else ""
+    past = "Requeued" if action == "requeue" else "Deleted"
+    messages.success(request, f"{past} {done:,} of {what}.{more}")
+    return back_to_list(request)
+
+
+def _next(request: HttpRequest) -> str:
+    target = request.POST.get("next", "")
+    return target if inputs.is_local_url(target, request.get_host()) else reverse("ui:dead-jobs")
+
+
+def back_to_list(request: HttpRequest) -> HttpResponseRedirect:
+    return redirect_back(request, reverse("ui:dead-jobs"))
+
+
+urlpatterns: list[URLPattern] = [
+    path("dead-jobs/bulk", selected_action, name="bulk-action"),
+    path("dead-jobs/matching", matching_action, name="matching-action"),
+    path("dead-jobs/requeue-since", requeue_since, name="requeue-since"),
+]
