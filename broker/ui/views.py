@@ -74,7 +74,10 @@ def dead_jobs_with_last_status() -> QuerySet[Job]:
 @operator_view(get=VIEW_JOBS)
 def dead_jobs(request: HttpRequest) -> HttpResponse:
     filters = DeadJobFilters(request.GET)
-    inputs.valid(filters)
+    if not filters.is_valid():
+        # The page again with what was typed and what is wrong with it, and no rows.
+        context = {"filters": filters, "jobs": [], "id_choices": id_choices()}
+        return render(request, "ui/dead_jobs.html", {**context, "is_first_page": True}, status=400)
     jobs = filters.apply(dead_jobs_with_last_status())
     page = paging.page_of(request, jobs, DEAD_JOBS_ORDER.cursor_of)
     context = {

@@ -112,3 +112,18 @@ def test_channel_and_consumer_fields_offer_what_exists_and_dates_read_iso(staff_
     assert '<option value="billing">' in page
     assert "datetime-local" not in page  # a browser shows those in its own locale's format
     assert 'placeholder="2026-11-25 04:00"' in page
+
+
+def test_a_bad_filter_keeps_what_was_typed_and_says_what_is_wrong(staff_client):
+    dead_job()
+
+    response = staff_client.get("/ui/dead-jobs?consumer=billing&since=yesterday&status_code=42")
+
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "<h1>Dead jobs</h1>" in page  # the list's own page, its form filled in
+    assert 'value="yesterday"' in page
+    assert 'value="billing"' in page
+    assert "<code>since</code>" in page
+    assert "<code>status_code</code>" in page
+    assert response.context["jobs"] == []
