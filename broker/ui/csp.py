@@ -24,6 +24,7 @@ POLICY = "; ".join(
         "script-src 'self'",
         "style-src 'self'",
         "img-src 'self'",
+        "connect-src 'self'",  # the opt-in auto-refresh fetches its own page (static/ui/refresh.js)
         "form-action 'self'",
         "frame-ancestors 'none'",
         "base-uri 'none'",

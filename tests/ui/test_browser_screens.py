@@ -100,3 +100,21 @@ def test_the_ui_follows_the_systems_colour_scheme(page, live_server, scheme, bac
     assert colour == ("rgb(31, 41, 55)" if scheme == "dark" else "rgb(255, 255, 255)")
     if scheme == "dark":
         screenshot(page, "dark-dashboard.png")
+
+
+def test_the_dashboard_refreshes_its_figures_in_place_once_asked(page, live_server):
+    some_consumers("http://127.0.0.1:9/hook")
+    log_in(page, live_server, "/ui/")
+    dead = page.locator("#tiles .tile:has-text('Dead') .tile-value")
+    before = dead.inner_text()
+    page.evaluate("window.notReloaded = true")
+
+    page.check("input[data-auto-refresh]")
+    make_job(DEAD, attempts=2)
+    # A selector, not wait_for_function: the policy forbids evaluating strings as script.
+    page.wait_for_selector("html[data-refreshed-at]", state="attached", timeout=60_000)
+
+    assert dead.inner_text() == str(int(before) + 1)
+    assert page.evaluate("window.notReloaded") is True  # swapped in place, not reloaded
+    page.reload()
+    assert page.locator("input[data-auto-refresh]").is_checked()  # the choice is remembered

@@ -24,6 +24,7 @@ DIRECTIVES = [
     "default-src 'none'",
     "script-src 'self'",
     "style-src 'self'",
+    "connect-src 'self'",
     "form-action 'self'",
     "frame-ancestors 'none'",
     "base-uri 'none'",
