@@ -1,4 +1,5 @@
-"""Template filters of the operator UI: times in UTC with the zone named (docs/ui.md)."""
+"""Template filters of the operator UI (docs/ui.md): times in UTC with the zone named, durations
+in a unit a person reads at a glance, counts with thousands separators."""
 
 from __future__ import annotations
 
@@ -19,6 +20,33 @@ def utc(value: datetime | None) -> str:
 def utc_minute(value: datetime | None) -> str:
     """2026-11-25 04:10 UTC, for per-minute figures."""
     return _utc(value, "%Y-%m-%d %H:%M")
+
+
+# Units of a duration, largest first: (milliseconds in one, its symbol).
+TIME_UNITS = [(3_600_000, "h"), (60_000, "min"), (1000, "s"), (1, "ms")]
+
+
+def time_unit(largest_ms: float) -> tuple[int, str]:
+    """The unit to show durations up to `largest_ms` in: (milliseconds in one, symbol)."""
+    return next((size, symbol) for size, symbol in TIME_UNITS if largest_ms >= size or size == 1)
+
+
+@register.filter
+def duration(ms: float | None) -> str:
+    """812 ms, 2.3 s, 38.1 min, 1.5 h; "—" for none."""
+    if not isinstance(ms, int | float):
+        return "—"
+    size, symbol = time_unit(float(ms))
+    value = float(ms) / size
+    return f"{value:,.0f} {symbol}" if size == 1 else f"{value:,.1f} {symbol}"
+
+
+@register.filter
+def thousands(number: int | float | None) -> str:
+    """12,345; "—" for none."""
+    if not isinstance(number, int | float):
+        return "—"
+    return f"{number:,}" if isinstance(number, int) else f"{number:,.0f}"
 
 
 def _utc(value: datetime | None, layout: str) -> str:

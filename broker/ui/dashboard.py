@@ -20,6 +20,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
+from broker.templatetags.ui_format import duration
 from broker.ui.access import VIEW_JOBS, operator_view
 from broker.ui.charts import Series, stacked_bars
 from consumers.models import Consumer
@@ -76,11 +77,11 @@ class ConsumerRow:
 
     @property
     def p50(self) -> str:
-        return format_latency(self.hour.latency_ms(0.5))
+        return duration(self.hour.latency_ms(0.5))
 
     @property
     def p95(self) -> str:
-        return format_latency(self.hour.latency_ms(0.95))
+        return duration(self.hour.latency_ms(0.95))
 
 
 @dataclass
@@ -190,7 +191,7 @@ def tiles(
             note=format_rate(hour.total.delivered / seconds) if hour.total.attempts else "",
         ),
         Tile("Success rate, last hour", format_percent(hour.total.success_rate), reports),
-        Tile("p95 latency, last hour", format_latency(hour.total.latency_ms(0.95)), reports),
+        Tile("p95 latency, last hour", duration(hour.total.latency_ms(0.95)), reports),
         Tile("Open circuits", str(open_circuits), consumers, alert=open_circuits > 0),
         Tile("Paused consumers", str(paused), consumers, alert=paused > 0),
         # Only no live dispatcher at all is an alert: a killed one leaves a stale row behind.
@@ -244,18 +245,6 @@ def format_percent(rate: float | None) -> str:
 
 def format_rate(per_second: float) -> str:
     return f"{per_second:,.1f}/s" if per_second >= 1 else f"{per_second * 60:,.1f}/min"
-
-
-def format_latency(ms: float | None) -> str:
-    if ms is None:
-        return NOT_APPLICABLE
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s"
-    if ms < 3_600_000:
-        return f"{ms / 60_000:.1f} min"
-    return f"{ms / 3_600_000:.1f} h"
 
 
 urlpatterns: list[URLPattern] = [path("", dashboard, name="dashboard")]

@@ -17,7 +17,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import URLPattern, path
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
+from broker.templatetags.ui_format import time_unit
 from broker.ui import inputs
 from broker.ui.access import VIEW_REPORTS, operator_view
 from broker.ui.charts import Line, Series, line_chart, stacked_bars
@@ -180,18 +182,29 @@ def charts(
             top=100,
             label_every=every,
         ),
-        "latency_chart": line_chart(
-            "Publish → delivery latency, slowest consumer",
-            labels,
-            [
-                Line("p50", [figure(r, "p50") for r in found], "#60a5fa"),
-                Line("p95", [figure(r, "p95") for r in found], "#1f3a5f"),
-                Line("p99", [figure(r, "p99") for r in found], "#b42318"),
-            ],
-            unit=" ms",
-            label_every=every,
+        "latency_chart": latency_chart(
+            labels, {name: [figure(r, name) for r in found] for name in LATENCY_LINES}, every
         ),
     }
+
+
+# The latency chart's lines: percentile and colour.
+LATENCY_LINES = {"p50": "#60a5fa", "p95": "#1f3a5f", "p99": "#b42318"}
+
+
+def latency_chart(
+    labels: list[str], values: dict[str, list[float | None]], every: int
+) -> SafeString:
+    """The percentiles' lines in the unit that suits the largest (ms, s, min or h), so that the
+    axis reads "40 min", not "3M ms"."""
+    largest = max((v for line in values.values() for v in line if v is not None), default=0)
+    size, symbol = time_unit(largest)
+    lines = [
+        Line(name, [None if v is None else v / size for v in values[name]], colour)
+        for name, colour in LATENCY_LINES.items()
+    ]
+    title = "Publish → delivery latency, slowest consumer"
+    return line_chart(title, labels, lines, unit=f" {symbol}", label_every=every)
 
 
 @operator_view(get=VIEW_REPORTS)

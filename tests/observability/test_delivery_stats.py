@@ -20,7 +20,7 @@ from django.db import connection, connections
 from broker.models import Channel, Message
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, DeliveryStats, Job
-from jobs.queue_depth import BoundedCount, queue_depths
+from jobs.queue_depth import BoundedCount, queue_depths, status_totals
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from jobs.stats import (
     HOUR,
@@ -312,10 +312,14 @@ def test_queue_depths_stop_at_their_bound(history):
     depths = queue_depths(limit=4)
 
     assert depths[billing.pk].queued == BoundedCount(0, 4)
-    assert str(depths[audit.pk].queued) == "4+"
+    assert str(depths[audit.pk].queued) == "≥ 4"
     assert depths[audit.pk].queued.capped
     assert (str(depths[audit.pk].in_flight), str(depths[audit.pk].dead)) == ("2", "3")
     assert str(queue_depths(limit=10_000)[audit.pk].queued) == "5"
+    # Every consumer's together, each status counted on its own up to its bound.
+    totals = status_totals(limit=6)
+    assert (str(totals.queued), str(totals.in_flight), str(totals.dead)) == ("5", "2", "3")
+    assert str(status_totals(limit=2).queued) == "≥ 2"
 
 
 @pytest.mark.postgres

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from broker.templatetags.ui_format import utc, utc_minute
+from broker.templatetags.ui_format import duration, thousands, utc, utc_minute
 from tests.helpers import make_channel, make_consumer
 
 pytestmark = pytest.mark.django_db
@@ -86,3 +86,23 @@ def test_the_time_filters():
     assert utc(moment) == "2026-11-25 04:10:07 UTC"
     assert utc_minute(moment) == "2026-11-25 04:10 UTC"
     assert utc(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("ms", "shown"),
+    [
+        (812.4, "812 ms"),
+        (2287.6, "2.3 s"),
+        (2_287_592, "38.1 min"),
+        (5_400_000, "1.5 h"),
+        (0, "0 ms"),
+        (None, "—"),
+    ],
+)
+def test_durations_read_in_a_human_unit(ms, shown):
+    assert duration(ms) == shown
+
+
+def test_counts_have_thousands_separators():
+    assert thousands(234_403) == "234,403"
+    assert thousands(None) == "—"
