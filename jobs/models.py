@@ -221,11 +221,18 @@ class DeliveryAttempt(models.Model):
     error_class = models.CharField(max_length=40, blank=True, default="")
     response_excerpt = models.TextField(blank=True, default="")  # first few KiB of the body
     dispatcher_id = models.CharField(max_length=255)
+    # The job's consumer, copied so that a consumer's recent attempts are one index range (the
+    # UI's consumer page); no foreign key: the job's already ties the row to its consumer, and
+    # a check per inserted attempt would cost the dispatcher. Null for attempts recorded before
+    # it existed.
+    consumer_id = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [
             # A job's attempt history, in order (UI and API); the FK index is this one.
             models.Index(fields=["job", "started_at"], name="attempt_job_idx"),
+            # A consumer's attempts, newest first (the UI's consumer page and dashboard).
+            models.Index(fields=["consumer_id", "-started_at"], name="attempt_consumer_idx"),
             # The delivery statistics refresh (jobs/stats.py): attempts started in the last
             # few minutes, WHERE started_at >= t0 AND started_at < t1.
             models.Index(fields=["started_at"], name="attempt_started_idx"),
@@ -233,6 +240,11 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_number} of job {self.job_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.consumer_id is None:  # the dispatcher sets it; anyone else gets the job's
+            self.consumer_id = self.job.consumer_id
+        super().save(*args, **kwargs)
 
 
 class DispatcherHeartbeat(models.Model):

@@ -34,6 +34,7 @@ from broker.ui.access import (
     operator_view,
     require,
 )
+from broker.ui.consumer_attempts import recent_attempts
 from broker.ui.consumer_forms import ConsumerSettingsForm, EditConsumerForm, NewConsumerForm
 from consumers import services
 from consumers.models import Consumer
@@ -127,6 +128,7 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
         "job_counts": job_counts(consumer),
         "test_event": request.session.pop(_test_event_key(consumer), None),
         "received_types": received_types(consumer),
+        "recent": recent_attempts(consumer, request.GET),
     }
     return render(request, "ui/consumer.html", context)
 

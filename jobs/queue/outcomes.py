@@ -116,6 +116,7 @@ def still_ours(result: AttemptResult) -> JobQuerySet:
 def attempt_row(result: AttemptResult, dispatcher_id: str) -> DeliveryAttempt:
     return DeliveryAttempt(
         job_id=result.job_id,
+        consumer_id=result.consumer_id,
         attempt_number=result.attempt,
         started_at=result.started_at,
         duration_ms=result.duration_ms,

@@ -305,12 +305,14 @@ moved AS (
     WHERE j.id = claimed.id AND j.attempts = claimed.attempts
         AND j.id IN (SELECT id FROM present) AND j.status = '{INFLIGHT.value}'
 )
-INSERT INTO {DeliveryAttempt._meta.db_table} (job_id, attempt_number, started_at, duration_ms,
-    status_code, error_class, response_excerpt, dispatcher_id)
-SELECT job_id, attempt_number, started_at, duration_ms, status_code, '', excerpt, %(dispatcher)s
-FROM unnest(%(jobs)s::bigint[], %(attempts)s::int[], %(started)s::timestamptz[],
-    %(durations)s::float8[], %(statuses)s::smallint[], %(excerpts)s::text[])
-    AS result(job_id, attempt_number, started_at, duration_ms, status_code, excerpt)
+INSERT INTO {DeliveryAttempt._meta.db_table} (job_id, consumer_id, attempt_number, started_at,
+    duration_ms, status_code, error_class, response_excerpt, dispatcher_id)
+SELECT job_id, consumer_id, attempt_number, started_at, duration_ms, status_code, '', excerpt,
+    %(dispatcher)s
+FROM unnest(%(jobs)s::bigint[], %(job_consumers)s::bigint[], %(attempts)s::int[],
+    %(started)s::timestamptz[], %(durations)s::float8[], %(statuses)s::smallint[],
+    %(excerpts)s::text[])
+    AS result(job_id, consumer_id, attempt_number, started_at, duration_ms, status_code, excerpt)
 WHERE job_id IN (SELECT id FROM present)
 """  # noqa: S608
 
@@ -372,6 +374,7 @@ class PostgresQueue(PostgresPullStatements):
                 {
                     "dispatcher": dispatcher_id,
                     "jobs": [r.job_id for r in results],
+                    "job_consumers": [r.consumer_id for r in results],
                     "consumers": list({r.consumer_id for r in results}),
                     "attempts": [r.attempt for r in results],
                     "started": [r.started_at for r in results],

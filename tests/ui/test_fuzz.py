@@ -78,6 +78,7 @@ HOSTILE = [
 QUERY_PARAMETERS = {
     "dead-jobs": ["channel", "consumer", "since", "until", "status_code", "error", "cursor"],
     "consumers": ["channel", "after"],
+    "consumer": ["status_code", "outcome", "since", "until"],
     "consumer-create": ["channel"],
     "messages": ["q", "channel", "before"],
     "scheduled": ["channel", "cursor"],

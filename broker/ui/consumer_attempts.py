@@ -1,0 +1,80 @@
+"""A consumer's recent delivery attempts on its page (issue 20): why it fails, before anything
+dies. Read from attempt_consumer_idx, newest first, and filtered within the consumer's newest
+SCANNED attempts, so that a filter that matches nothing still reads a bounded number of rows
+however many attempts the consumer has (docs/ui-consumers.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.db.models import F, Q, QuerySet, Subquery
+
+from broker.ui import inputs
+from consumers.models import Consumer
+from jobs.models import DeliveryAttempt, job_public_id
+
+SCANNED = 10_000  # the newest attempts of a consumer that its filters look through
+SHOWN = 25
+# The status classes an operator filters by: what each matches.
+OUTCOMES = {
+    "2xx": Q(status_code__gte=200, status_code__lt=300),
+    "3xx": Q(status_code__gte=300, status_code__lt=400),
+    "4xx": Q(status_code__gte=400, status_code__lt=500),
+    "5xx": Q(status_code__gte=500, status_code__lt=600),
+    "timeout": Q(status_code__isnull=True, error_class="timeout"),
+    "connection": Q(status_code__isnull=True, error_class="connection"),
+}
+FAILED = ~OUTCOMES["2xx"] | Q(status_code__isnull=True)
+
+
+class AttemptFilters(forms.Form):
+    status_code = forms.IntegerField(required=False, min_value=100, max_value=599)
+    outcome = forms.ChoiceField(
+        choices=[("", "any"), *((name, name) for name in OUTCOMES)], required=False
+    )
+    since = inputs.MomentField()
+    until = inputs.MomentField()
+
+
+@dataclass(frozen=True)
+class RecentAttempts:
+    filters: AttemptFilters
+    shown: list[DeliveryAttempt]  # each with .job_public_id
+    last: DeliveryAttempt | None  # the newest attempt, whatever its outcome
+    last_failure: DeliveryAttempt | None  # the newest that failed, among the SCANNED
+    scanned: int = SCANNED
+
+
+def recent_attempts(consumer: Consumer, query: Any) -> RecentAttempts:
+    """The consumer's newest attempts that match the filters given in `query` (a QueryDict)."""
+    filters = AttemptFilters(query)
+    data = inputs.valid(filters)
+    window = DeliveryAttempt.objects.filter(consumer_id=consumer.pk)
+    if data["since"]:
+        window = window.filter(started_at__gte=data["since"])
+    if data["until"]:
+        window = window.filter(started_at__lt=data["until"])
+    newest = window.order_by("-started_at").values("pk")[:SCANNED]
+    scanned = DeliveryAttempt.objects.filter(pk__in=Subquery(newest))
+    matching = scanned
+    if data["status_code"] is not None:
+        matching = matching.filter(status_code=data["status_code"])
+    if data["outcome"]:
+        matching = matching.filter(OUTCOMES[data["outcome"]])
+    return RecentAttempts(
+        filters,
+        _with_job_ids(matching.order_by("-started_at")[:SHOWN]),
+        DeliveryAttempt.objects.filter(consumer_id=consumer.pk).order_by("-started_at").first(),
+        scanned.filter(FAILED).order_by("-started_at").first(),
+    )
+
+
+def _with_job_ids(attempts: QuerySet[DeliveryAttempt]) -> list[DeliveryAttempt]:
+    """The attempts, each with its job's public ID (the link to the job's page)."""
+    rows: list[DeliveryAttempt] = list(attempts.annotate(job_created_at=F("job__created_at")))
+    for attempt in rows:
+        created_at = attempt.job_created_at  # type: ignore[attr-defined]
+        attempt.job_public_id = job_public_id(attempt.job_id, created_at)  # type: ignore[attr-defined]
+    return rows
