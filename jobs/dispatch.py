@@ -39,7 +39,7 @@ from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
 from jobs.outcome_log import log_attempt
 from jobs.outgoing import names_of_job, request_for_job
 from jobs.queue import ClaimedJob
-from jobs.retry import MAX_THROTTLE_SECONDS, Outcome, Verdict, decide
+from jobs.retry import Outcome, Verdict, decide, throttle_seconds
 from jobs.senders import Send, open_sender
 
 logger = logging.getLogger(__name__)
@@ -296,10 +296,10 @@ class Dispatcher:
             result = await send(request, timeout, self._sent_marker(request))
         finally:
             self._sent.discard(request.job_id)
-        if result.status_code == 429 and result.retry_after is not None:
+        wait = throttle_seconds(result)
+        if wait is not None:
             # The claim skips the consumer once the outcome is recorded; this holds back the
             # jobs this dispatcher has already taken.
-            wait = min(result.retry_after, MAX_THROTTLE_SECONDS)
             self._throttled_until[request.consumer_id] = time.monotonic() + wait
         return result
 

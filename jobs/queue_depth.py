@@ -49,12 +49,14 @@ class QueueDepth:
     dead: BoundedCount
 
 
-def _bounded_count_sql(status: str) -> str:
+def _bounded_count_sql(status: str, of_consumer: bool = True) -> str:
     # A scalar subquery over a LIMITed one: the count stops at limit + 1 rows. The status is a
     # literal (not a parameter) so that PostgreSQL matches the partial index of that status.
+    # Of the consumer `c` of the enclosing query, or of every consumer.
+    consumer = "j.consumer_id = c.id AND " if of_consumer else ""
     return f"""(SELECT COUNT(*) FROM (
         SELECT 1 FROM {Job._meta.db_table} j
-        WHERE j.consumer_id = c.id AND j.status = '{status}' LIMIT %(bound)s
+        WHERE {consumer}j.status = '{status}' LIMIT %(bound)s
     ) AS first_rows)"""  # noqa: S608 (a table name and a status constant; no user input)
 
 
@@ -68,10 +70,7 @@ FROM {Consumer._meta.db_table} c
 # Every consumer's jobs of each status, each count stopping at the bound: index-only scans of the
 # statuses' partial indexes (job_consumer_queued_idx, job_lease_idx, job_dead_recent_idx).
 _STATUS_TOTALS_SQL = ", ".join(
-    f"""(SELECT COUNT(*) FROM (
-        SELECT 1 FROM {Job._meta.db_table} WHERE status = '{status}' LIMIT %(bound)s
-    ) AS first_rows)"""  # noqa: S608 (a table name and a status constant)
-    for status in (QUEUED, INFLIGHT, DEAD)
+    _bounded_count_sql(status, of_consumer=False) for status in (QUEUED, INFLIGHT, DEAD)
 )
 
 

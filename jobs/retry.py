@@ -50,10 +50,18 @@ def decide(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:
     if result.succeeded:
         return Outcome(Verdict.DELIVERED)
     outcome = _decide_failure(result, consumer, now)
-    if result.status_code == 429 and result.retry_after is not None:
-        wait = min(result.retry_after, MAX_THROTTLE_SECONDS)
+    wait = throttle_seconds(result)
+    if wait is not None:
         return replace(outcome, throttle_until=now + timedelta(seconds=wait))
     return outcome
+
+
+def throttle_seconds(result: AttemptResult) -> float | None:
+    """How long a 429 with Retry-After holds back every job of its consumer (at most
+    MAX_THROTTLE_SECONDS); None for any other answer."""
+    if result.status_code == 429 and result.retry_after is not None:
+        return min(result.retry_after, MAX_THROTTLE_SECONDS)
+    return None
 
 
 def _decide_failure(result: AttemptResult, consumer: Consumer, now: datetime) -> Outcome:

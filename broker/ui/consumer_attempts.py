@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from django import forms
-from django.db.models import F, Q, QuerySet, Subquery
+from django.db.models import F, Q, Subquery
 
 from broker.ui import inputs
+from broker.ui.message_pages import with_job_public_ids
 from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, job_public_id
+from jobs.models import DeliveryAttempt
 
 SCANNED = 10_000  # the newest attempts of a consumer that its filters look through
 SHOWN = 25
@@ -65,16 +66,9 @@ def recent_attempts(consumer: Consumer, query: Any) -> RecentAttempts:
         matching = matching.filter(OUTCOMES[data["outcome"]])
     return RecentAttempts(
         filters,
-        _with_job_ids(matching.order_by("-started_at")[:SHOWN]),
+        with_job_public_ids(
+            matching.annotate(job_created_at=F("job__created_at")).order_by("-started_at")[:SHOWN]
+        ),
         DeliveryAttempt.objects.filter(consumer_id=consumer.pk).order_by("-started_at").first(),
         scanned.filter(FAILED).order_by("-started_at").first(),
     )
-
-
-def _with_job_ids(attempts: QuerySet[DeliveryAttempt]) -> list[DeliveryAttempt]:
-    """The attempts, each with its job's public ID (the link to the job's page)."""
-    rows: list[DeliveryAttempt] = list(attempts.annotate(job_created_at=F("job__created_at")))
-    for attempt in rows:
-        created_at = attempt.job_created_at  # type: ignore[attr-defined]
-        attempt.job_public_id = job_public_id(attempt.job_id, created_at)  # type: ignore[attr-defined]
-    return rows

@@ -7,10 +7,10 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
-from django.urls import reverse
 from django.views import csrf
 
 from broker.api import errors
+from broker.ui import inputs
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
@@ -48,4 +48,4 @@ def server_error(request: HttpRequest) -> HttpResponse:
 
 
 def in_ui(request: HttpRequest) -> bool:
-    return request.path.startswith(reverse("ui:dashboard"))
+    return inputs.is_ui_path(request.path)

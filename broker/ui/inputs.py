@@ -17,6 +17,7 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from broker.models import validate_message_id, validate_resource_id
@@ -211,6 +212,11 @@ def job_keys(values: list[str], parameter: str) -> list[int]:
             raise bad(parameter, f"{value[:40]!r} is not a job ID.")
         keys.append(parts[1])
     return keys
+
+
+def is_ui_path(path: str) -> bool:
+    """Whether `path` is one of the UI's pages."""
+    return path.startswith(reverse("ui:dashboard"))
 
 
 def is_local_url(target: str, host: str) -> bool:

@@ -18,7 +18,13 @@ from django.urls import URLPattern, path, reverse
 
 from broker.ui import inputs
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
-from broker.ui.views import DeadJobFilters, dead_jobs_with_last_status, id_choices, redirect_back
+from broker.ui.views import (
+    DeadJobFilters,
+    dead_jobs_with_last_status,
+    id_choices,
+    page_posted_from,
+    redirect_back,
+)
 from consumers.models import Consumer
 from jobs.models import Job, delete_jobs
 from jobs.queue_depth import BoundedCount
@@ -134,13 +140,14 @@ def _confirm_or_act(
     """The confirmation page, unless this request confirms it: then the action, on the newest
     ACTION_LIMIT of `jobs`."""
     if request.POST.get("confirmed") != CONFIRMED:
+        back = page_posted_from(request, reverse("ui:dead-jobs"))
         sample = jobs.select_related("consumer", "message").defer("message__payload")
         preview = Preview(
             action,
             BoundedCount(jobs[: ACTION_LIMIT + 1].count(), ACTION_LIMIT),
             list(sample[:SAMPLE_SIZE]),
             what,
-            [("action", action), *fields, ("next", _next(request))],
+            [("action", action), *fields, ("next", back)],
             reverse(url_name),
         )
         return render(request, "ui/confirm_jobs.html", {"preview": preview, "limit": ACTION_LIMIT})
@@ -151,11 +158,6 @@ def _confirm_or_act(
     past = "Requeued" if action == "requeue" else "Deleted"
     messages.success(request, f"{past} {done:,} of {what}.{more}")
     return back_to_list(request)
-
-
-def _next(request: HttpRequest) -> str:
-    target = request.POST.get("next", "")
-    return target if inputs.is_local_url(target, request.get_host()) else reverse("ui:dead-jobs")
 
 
 def back_to_list(request: HttpRequest) -> HttpResponseRedirect:

@@ -8,7 +8,7 @@ Every query here is an index look-up or a bounded index walk (docs/ui-messages.m
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -178,11 +178,17 @@ def attempts_of(message: Message) -> Sequence[DeliveryAttempt]:
         )
         .order_by("-started_at", "-pk")[:MAX_ATTEMPTS]
     )
-    attempts = list(reversed(newest))
-    for attempt in attempts:
-        link = job_public_id(attempt.job_id, attempt.job_created_at)
-        attempt.job_public_id = link  # type: ignore[attr-defined]  # the template's link to the job
-    return attempts
+    return with_job_public_ids(reversed(newest))
+
+
+def with_job_public_ids(attempts: Iterable[DeliveryAttempt]) -> list[DeliveryAttempt]:
+    """The attempts (annotated with their job's `job_created_at`), each given its job's public
+    ID: the template's link to the job."""
+    rows = list(attempts)
+    for attempt in rows:
+        created_at = attempt.job_created_at  # type: ignore[attr-defined]
+        attempt.job_public_id = job_public_id(attempt.job_id, created_at)  # type: ignore[attr-defined]
+    return rows
 
 
 class ReplayForm(forms.Form):

@@ -136,7 +136,7 @@ def came_from(request: HttpRequest) -> str | None:
     if not inputs.is_local_url(referer, request.get_host()):
         return None
     parts = urlsplit(referer)
-    if not parts.path.startswith(reverse("ui:dashboard")) or parts.path == request.path:
+    if not inputs.is_ui_path(parts.path) or parts.path == request.path:
         return None
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
@@ -153,7 +153,7 @@ def held_back_by(consumer: Consumer, now: datetime) -> str:
     """Why none of the consumer's jobs is sent now, in words; "" when nothing holds them."""
     if consumer.paused:
         return "its consumer is paused"
-    if consumer.circuit_open_until and consumer.circuit_open_until > now:
+    if consumer.circuit_state(now) == "open":
         return f"the circuit of its consumer is open until {utc(consumer.circuit_open_until)}"
     if consumer.throttled_until and consumer.throttled_until > now:
         return f"its consumer answered 429: held until {utc(consumer.throttled_until)}"
@@ -212,7 +212,10 @@ def requeue_job(request: HttpRequest, job_id: str) -> HttpResponse:
 
 def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
     """To the page the form was on (its filters kept), if that is a page of this site."""
+    return HttpResponseRedirect(page_posted_from(request, default))
+
+
+def page_posted_from(request: HttpRequest, default: str) -> str:
+    """The form's `next`: the page it was on, if that is a page of this site; else `default`."""
     target = request.POST.get("next", "")
-    if not inputs.is_local_url(target, request.get_host()):
-        target = default
-    return HttpResponseRedirect(target)
+    return target if inputs.is_local_url(target, request.get_host()) else default
