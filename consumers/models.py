@@ -76,6 +76,12 @@ class Consumer(ChangeTracked):
     # every job of the consumer.
     next_slot_at = models.DateTimeField(null=True, blank=True)
     throttled_until = models.DateTimeField(null=True, blank=True)
+    # Its newest failed push attempt, so that its page and the dashboard say why it fails without
+    # reading its attempts: when, and what went wrong ("HTTP 503" or why there was no answer,
+    # with the head of the answer). Kept by the dispatcher's recording of failures, without
+    # changed_at, and left in place by later successes (its newest attempt tells those).
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    last_failure = models.TextField(blank=True, default="")
     # The token as just set through set_token, so the response that set it can show it.
     plain_token: str | None = None
 

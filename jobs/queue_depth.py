@@ -8,6 +8,9 @@ per consumer and status, a LIMITed scan of the partial index of that status
 jobs/models.py),
 so its cost is bounded by consumers x 3 x limit index entries, however large the tables grow.
 
+When each consumer's next attempt is due (`next_due_times`) is read from the claim's own index,
+job_consumer_due_idx, a few index probes per consumer.
+
 The totals over every consumer are counted on their own (`status_totals`), up to a higher bound:
 a sum of per-consumer counts that stopped at their bound would be neither exact nor the bound.
 """
@@ -15,8 +18,10 @@ a sum of per-consumer counts that stopped at their bound would be neither exact 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.db import connection
+from django.utils.dateparse import parse_datetime
 
 from consumers.models import Consumer
 from jobs.models import Job
@@ -95,3 +100,48 @@ def queue_depths(limit: int = COUNT_LIMIT) -> dict[int, QueueDepth]:
         )
         for consumer_id, queued, in_flight, dead in rows
     }
+
+
+# The earliest due time of each consumer's QUEUED jobs, without reading its backlog: the claim's
+# index (job_consumer_due_idx: consumer, priority descending, due time) holds each priority's
+# earliest job first, so a recursive walk steps from one priority present to the next lower one,
+# an index probe each, and the earliest of those heads is the answer. Priorities are few, so this
+# is a few probes per consumer, where MIN() would read every queued job of a consumer that is down.
+_NEXT_DUE_SQL = f"""
+SELECT c.id, (
+    WITH RECURSIVE present(priority) AS (
+        SELECT (SELECT j.priority FROM {Job._meta.db_table} j
+            WHERE j.consumer_id = c.id AND j.status = '{QUEUED}'
+            ORDER BY j.priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.priority FROM {Job._meta.db_table} j
+            WHERE j.consumer_id = c.id AND j.status = '{QUEUED}' AND j.priority < present.priority
+            ORDER BY j.priority DESC LIMIT 1)
+        FROM present WHERE present.priority IS NOT NULL
+    )
+    SELECT MIN((SELECT j.next_attempt_at FROM {Job._meta.db_table} j
+        WHERE j.consumer_id = c.id AND j.status = '{QUEUED}' AND j.priority = present.priority
+        ORDER BY j.next_attempt_at LIMIT 1))
+    FROM present
+)
+FROM {Consumer._meta.db_table} c
+"""  # noqa: S608 (table names and a status constant; no user input)
+
+
+def next_due_times(consumer_id: int | None = None) -> dict[int, datetime | None]:
+    """Per consumer ID (all, or the one given): when its earliest QUEUED job is due; None when it
+    has none. What holds a consumer back (paused, circuit, 429) is on its row, not here."""
+    sql, parameters = _NEXT_DUE_SQL, {}
+    if consumer_id is not None:
+        sql, parameters = f"{sql} WHERE c.id = %(consumer)s", {"consumer": consumer_id}
+    with connection.cursor() as cursor:
+        cursor.execute(sql, parameters)
+        return {pk: _as_datetime(due) for pk, due in cursor.fetchall()}
+
+
+def _as_datetime(value: datetime | str | None) -> datetime | None:
+    # A raw query on SQLite gives the stored text (UTC); PostgreSQL an aware datetime.
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+        return parsed if parsed is None or parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return value

@@ -27,7 +27,6 @@ OUTCOMES = {
     "timeout": Q(status_code__isnull=True, error_class="timeout"),
     "connection": Q(status_code__isnull=True, error_class="connection"),
 }
-FAILED = ~OUTCOMES["2xx"] | Q(status_code__isnull=True)
 
 
 class AttemptFilters(forms.Form):
@@ -43,8 +42,6 @@ class AttemptFilters(forms.Form):
 class RecentAttempts:
     filters: AttemptFilters
     shown: list[DeliveryAttempt]  # each with .job_public_id
-    last: DeliveryAttempt | None  # the newest attempt, whatever its outcome
-    last_failure: DeliveryAttempt | None  # the newest that failed, among the SCANNED
     scanned: int = SCANNED
 
 
@@ -69,6 +66,4 @@ def recent_attempts(consumer: Consumer, query: Any) -> RecentAttempts:
         with_job_public_ids(
             matching.annotate(job_created_at=F("job__created_at")).order_by("-started_at")[:SHOWN]
         ),
-        DeliveryAttempt.objects.filter(consumer_id=consumer.pk).order_by("-started_at").first(),
-        scanned.filter(FAILED).order_by("-started_at").first(),
     )

@@ -36,6 +36,7 @@ from broker.ui.access import (
 )
 from broker.ui.consumer_attempts import recent_attempts
 from broker.ui.consumer_forms import ConsumerSettingsForm, EditConsumerForm, NewConsumerForm
+from broker.ui.delivery_state import delivery_states
 from consumers import services
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
@@ -129,6 +130,7 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
         "test_event": request.session.pop(_test_event_key(consumer), None),
         "received_types": received_types(consumer),
         "recent": recent_attempts(consumer, request.GET),
+        "state": delivery_states([consumer], now)[consumer.pk],
     }
     return render(request, "ui/consumer.html", context)
 

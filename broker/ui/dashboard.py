@@ -23,6 +23,7 @@ from django.utils.safestring import SafeString
 from broker.templatetags.ui_format import duration
 from broker.ui.access import VIEW_JOBS, operator_view
 from broker.ui.charts import Series, stacked_bars
+from broker.ui.delivery_state import DeliveryState, delivery_states
 from consumers.models import Consumer
 from jobs.maintenance import HOUSEKEEPING_SECONDS
 from jobs.models import DispatcherHeartbeat
@@ -57,6 +58,7 @@ class ConsumerRow:
     consumer: Consumer
     depth: QueueDepth
     circuit: str  # closed, open, half-open
+    state: DeliveryState  # its last attempt and failure, its next attempt
     hour: Tally
     day: Tally
     hour_seconds: float
@@ -105,8 +107,14 @@ class Beat:
 def dashboard(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     last_hour, last_day = recent(MINUTE, 60, now), recent(HOUR, 24, now)
+    consumers = list(consumers_in_order())
     groups = channel_groups(
-        consumers_in_order(), queue_depths(COUNT_LIMIT), last_hour, last_day, now
+        consumers,
+        queue_depths(COUNT_LIMIT),
+        delivery_states(consumers, now),
+        last_hour,
+        last_day,
+        now,
     )
     rows = [row for group in groups for row in group.rows]
     hour_seconds = (now - last_hour.since).total_seconds()
@@ -133,15 +141,19 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 def consumers_in_order() -> QuerySet[Consumer]:
     """Every consumer with its channel, without the encrypted token and secrets."""
-    fields = ["public_id", "name", "type", "paused", "circuit_open_until", "channel__name"]
+    fields = [
+        *("public_id", "name", "type", "paused", "circuit_open_until", "throttled_until"),
+        *("last_failure_at", "last_failure", "channel__name"),
+    ]
     return (
         Consumer.objects.select_related("channel").only(*fields).order_by("channel_id", "public_id")
     )
 
 
 def channel_groups(
-    consumers: QuerySet[Consumer],
+    consumers: list[Consumer],
     depths: dict[int, QueueDepth],
+    states: dict[int, DeliveryState],
     last_hour: Recent,
     last_day: Recent,
     now: datetime,
@@ -156,6 +168,7 @@ def channel_groups(
             consumer=consumer,
             depth=depths.get(consumer.pk, QueueDepth(none, none, none)),  # one created meanwhile
             circuit=consumer.circuit_state(now),
+            state=states[consumer.pk],
             hour=last_hour.per_consumer.get(consumer.pk, Tally()),
             day=last_day.per_consumer.get(consumer.pk, Tally()),
             hour_seconds=(now - last_hour.since).total_seconds(),

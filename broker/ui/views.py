@@ -5,7 +5,6 @@ broker/ui/job_actions.py."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from urllib.parse import urlsplit
 
 from django import forms
@@ -17,9 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from broker.models import Channel, Message
-from broker.templatetags.ui_format import utc
 from broker.ui import inputs, paging
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view
+from broker.ui.delivery_state import held_back_by
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
@@ -147,17 +146,6 @@ def default_back(job: Job) -> str:
     if job.status == DEAD:
         return reverse("ui:dead-jobs")
     return reverse("ui:consumer", args=[job.consumer.channel_id, job.consumer.public_id])
-
-
-def held_back_by(consumer: Consumer, now: datetime) -> str:
-    """Why none of the consumer's jobs is sent now, in words; "" when nothing holds them."""
-    if consumer.paused:
-        return "its consumer is paused"
-    if consumer.circuit_state(now) == "open":
-        return f"the circuit of its consumer is open until {utc(consumer.circuit_open_until)}"
-    if consumer.throttled_until and consumer.throttled_until > now:
-        return f"its consumer answered 429: held until {utc(consumer.throttled_until)}"
-    return ""
 
 
 def message_preview(message: Message) -> str | None:

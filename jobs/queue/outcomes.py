@@ -19,6 +19,8 @@ from jobs.queue import circuit
 from jobs.retry import Outcome, Verdict
 from jobs.states import DEAD, INFLIGHT, QUEUED
 
+FAILURE_ANSWER_CHARS = 300  # of a failed attempt's answer, in its consumer's last_failure
+
 
 def record_failures(
     failed: list[AttemptResult],
@@ -44,6 +46,7 @@ def record_failures(
     )
     failed = [r for r in failed if r.job_id in present]
     DeliveryAttempt.objects.bulk_create(attempt_row(result, dispatcher_id) for result in failed)
+    note_last_failures(failed)
     unavailable = Counter(
         r.consumer_id
         for r in failed
@@ -69,6 +72,36 @@ def record_failures(
         _apply(result, outcome)
         applied[result.job_id] = outcome
     return applied
+
+
+def note_last_failures(failed: list[AttemptResult]) -> None:
+    """Keep each consumer's newest failure on its row (Consumer.last_failure...), unless a newer
+    one is there already (another dispatcher's, recorded first).
+
+    A row another transaction holds (a claim booking its slots, another recording) is skipped
+    rather than waited for: a summary must never make recordings wait, let alone deadlock with
+    the statement that closes circuits. It then misses that failure, and shows the next one."""
+    newest: dict[int, AttemptResult] = {}
+    for result in failed:
+        known = newest.get(result.consumer_id)
+        if known is None or result.started_at > known.started_at:
+            newest[result.consumer_id] = result
+    for consumer_id in sorted(newest):
+        result = newest[consumer_id]
+        free = Consumer.objects.select_for_update(skip_locked=True, no_key=True).filter(
+            Q(last_failure_at__isnull=True) | Q(last_failure_at__lt=result.started_at),
+            pk=consumer_id,
+        )
+        Consumer.objects.filter(pk__in=free.values("pk")).update(
+            last_failure_at=result.started_at,
+            last_failure=failure_summary(result),
+        )
+
+
+def failure_summary(result: AttemptResult) -> str:
+    """What went wrong, in one line: the error and the start of the answer, if there was one."""
+    answer = " ".join(result.response_excerpt.split())[:FAILURE_ANSWER_CHARS]
+    return f"{result.error}: {answer}" if answer else result.error
 
 
 def throttle(until: dict[int, datetime]) -> None:

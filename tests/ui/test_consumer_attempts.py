@@ -46,8 +46,6 @@ def test_the_page_says_why_the_consumer_fails(staff_client, failing):
     page = staff_client.get(PAGE).content.decode()
 
     assert "timeout" in page.split('id="last-attempt"')[1].split("</dd>")[0]
-    last_failure = page.split('id="last-failure"')[1].split("</dd>")[0]
-    assert "timeout" in last_failure
     assert f'href="/ui/jobs/{failing.public_id}"' in page
     assert "connection to clickhouse:9000 refused" in page
     assert "2.3 s" in page  # durations in a human unit
