@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import messages
-from django.db.models import BinaryField, F, Func, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import BinaryField, Exists, F, Func, OuterRef, Q, QuerySet, Subquery, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -56,7 +56,12 @@ class DeadJobFilters(forms.Form):
             # A Q object: the annotation is unknown to the type checker's model of Job.
             jobs = jobs.filter(Q(last_status_code=data["status_code"]))
         if data["error"]:
-            jobs = jobs.filter(last_error__icontains=data["error"])
+            # What operators type is often in the answer ("connection to clickhouse:9000
+            # refused" under a bare "HTTP 503"): the job's last error or any of its attempts'.
+            answered = DeliveryAttempt.objects.filter(
+                job=OuterRef("pk"), response_excerpt__icontains=data["error"]
+            )
+            jobs = jobs.filter(Q(last_error__icontains=data["error"]) | Exists(answered))
         return DEAD_JOBS_ORDER.after(jobs, data["cursor"])
 
 

@@ -94,6 +94,19 @@ def test_filters(staff_client):
     assert ids(error="TIMED OUT") == [timeout.pk]
 
 
+def test_the_error_filter_also_searches_the_answers(staff_client):
+    refused = dead_job(error="HTTP 503; all 3 attempts used", status_code=503)
+    add_attempt(refused, response_excerpt="connection to ClickHouse:9000 refused")
+    dead_job(error="HTTP 503; all 3 attempts used", status_code=503)  # said nothing more
+
+    def ids(error: str) -> list[int]:
+        return listed(staff_client.get("/ui/dead-jobs", {"error": error}))
+
+    assert ids("clickhouse") == [refused.pk]
+    assert ids("nowhere") == []
+    assert len(ids("http 503")) == 2  # its own last error still counts
+
+
 def test_pages_follow_a_cursor_without_counting(staff_client, monkeypatch):
     monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     jobs = [dead_job(died_ago=timedelta(minutes=minutes)) for minutes in range(5)]
