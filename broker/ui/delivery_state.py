@@ -40,11 +40,11 @@ def delivery_states(consumers: list[Consumer], now: datetime) -> dict[int, Deliv
 def held_back_by(consumer: Consumer, now: datetime) -> str:
     """Why none of the consumer's jobs is sent now, in words; "" when nothing holds them."""
     if consumer.paused:
-        return "its consumer is paused"
+        return "consumer paused"
     if consumer.circuit_state(now) == "open":
-        return f"the circuit of its consumer is open until {utc(consumer.circuit_open_until)}"
+        return f"circuit open until {utc(consumer.circuit_open_until)}"
     if consumer.throttled_until and consumer.throttled_until > now:
-        return f"its consumer answered 429: held until {utc(consumer.throttled_until)}"
+        return f"consumer answered 429, held until {utc(consumer.throttled_until)}"
     return ""
 
 

@@ -74,4 +74,14 @@ def test_the_dashboard_shows_deliveries_circuits_and_pauses(page, live_server, r
     assert charts.first.locator("rect[fill='#2e7d32']").count() >= 1  # the delivered bar
     assert charts.first.bounding_box()["height"] > 150  # drawn at a readable size
     assert page.locator("table.dispatchers .badge.ok").inner_text() == "alive"
+    # Why audit fails, on its row: its last answer, what it said, and what holds it now.
+    why = page.locator("tr[data-why='orders/audit']")
+    assert "HTTP 503" in why.locator(".last-attempt").inner_text()
+    assert "down for maintenance" in why.locator(".last-failure").inner_text()
+    assert "held back: circuit open until" in why.locator(".next-attempt").inner_text()
+    next_of_billing = page.locator("tr[data-why='orders/billing'] .next-attempt").inner_text()
+    assert next_of_billing.endswith("nothing queued")
     screenshot(page, "dashboard.png")
+
+    audit.locator("a", has_text="audit").click()  # the second click: its page says the same
+    assert "down for maintenance" in page.locator("#last-failure").inner_text()

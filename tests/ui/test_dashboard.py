@@ -155,15 +155,13 @@ def test_each_consumer_row_shows_its_figures(staff_client, broker_state):
     assert response.status_code == 200
     rows = consumer_rows(response)
     assert list(rows) == ["orders/audit", "orders/billing", "orders/reader", "refunds/ledger"]
-    _name, kind, state, queued, in_flight, dead, rate, hour, day, p50, p95 = rows["orders/billing"][
-        :11
-    ]
+    _name, kind, state, queued, in_flight, dead, rate, hour, day, p50, p95 = rows["orders/billing"]
     assert (kind, state, queued, in_flight, dead) == ("push", "active", "3", "1", "2")
     assert rate == "0.1/min"  # 3 delivered in the last hour
     assert (hour, day) == ("75.0%", "37.5%")  # 3 of 4; 3 of 8 with the 4 failures of 3 h ago
     assert (p50, p95) == ("115 ms", "4.9 s")  # the middles of the 120 ms and 5 s buckets
     assert rows["orders/audit"][2] == "paused circuit open"
-    assert rows["orders/reader"][1:11] == ["pull", "active", "0", "0", "0", *["—"] * 5]
+    assert rows["orders/reader"][1:] == ["pull", "active", "0", "0", "0", *["—"] * 5]
     assert rows["refunds/ledger"][2] == "circuit half-open"
     assert 'href="/ui/dead-jobs?channel=orders&amp;consumer=billing"' in response.content.decode()
 

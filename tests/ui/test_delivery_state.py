@@ -40,9 +40,10 @@ def failing(channel, receiver) -> Consumer:
 
 
 def row_of(page: str, consumer: Consumer) -> str:
-    """The dashboard's table row of `consumer`."""
+    """The dashboard's rows of `consumer`: its figures, and the line that says why."""
     start = page.index(f'data-consumer="{consumer.channel_id}/{consumer.public_id}"')
-    return page[start : page.index("</tr>", start)]
+    why = page.index(f'data-why="{consumer.channel_id}/{consumer.public_id}"')
+    return page[start : page.index("</tr>", why)]
 
 
 def test_the_dashboard_row_says_why_and_when_next(staff_client, failing, dispatcher):
@@ -53,7 +54,7 @@ def test_the_dashboard_row_says_why_and_when_next(staff_client, failing, dispatc
 
     assert "HTTP 503" in row.split('class="last-attempt"')[1]
     assert "connection to clickhouse:9000 refused" in row.split('class="last-failure')[1]
-    next_attempt = row.split('class="next-attempt"')[1].split("</td>")[0]
+    next_attempt = row.split('class="next-attempt"')[1].split("</span>\n")[0]
     due = Job.objects.get().next_attempt_at
     assert due >= before + timedelta(seconds=60)
     assert f"due {due:%Y-%m-%d %H:%M:%S} UTC" in next_attempt
@@ -76,8 +77,8 @@ def test_an_open_circuit_is_what_holds_the_next_attempt(staff_client, failing, d
 
     row = row_of(staff_client.get("/ui/").content.decode(), failing)
 
-    next_attempt = row.split('class="next-attempt"')[1].split("</td>")[0]
-    assert "held back: the circuit of its consumer is open until" in next_attempt
+    next_attempt = row.split('class="next-attempt"')[1].split("</span>\n")[0]
+    assert "held back: circuit open until" in next_attempt
     assert "none recorded" in row  # no failure yet
 
 

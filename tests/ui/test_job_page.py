@@ -1,18 +1,24 @@
 """The job page (issue 20): why a retrying job waits and until when, the way back to where the
-operator came from, every stored byte of a response, and a JSON payload made readable."""
+operator came from, every stored byte of a response, each attempt's headers (secrets masked), and
+a JSON payload made readable."""
 
 from __future__ import annotations
 
+import html
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from broker import publish
 from broker.templatetags.ui_format import utc
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.states import DEAD, QUEUED
+from tests.delivery import push_consumer, run_once
+from tests.dispatch.test_attempt_headers import MASK, URL_SECRET, assert_no_secret_in, secrets_of
 from tests.helpers import make_job
+from tests.receiver import Reply
 from tests.ui.test_dead_jobs import add_attempt
 
 pytestmark = pytest.mark.django_db
@@ -44,12 +50,12 @@ def test_a_retrying_job_says_when_its_next_attempt_is_due(staff_client):
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"paused": True}, "held back: its consumer is paused"),
+        ({"paused": True}, "held back: consumer paused"),
         (
             {"circuit_open_until": timedelta(minutes=2)},
-            "held back: the circuit of its consumer is open",
+            "held back: circuit open until",
         ),
-        ({"throttled_until": timedelta(minutes=1)}, "held back: its consumer answered 429"),
+        ({"throttled_until": timedelta(minutes=1)}, "held back: consumer answered 429, held until"),
     ],
 )
 def test_a_job_held_back_by_its_consumer_says_why(staff_client, change, reason):
@@ -101,3 +107,45 @@ def test_a_json_payload_is_indented_and_another_shown_as_it_is(staff_client):
     job.message.content_type = "text/plain"
     job.message.save()
     assert "{&quot;order&quot;:42,&quot;lines&quot;:[1]}" in page(staff_client, job)
+
+
+def test_each_attempt_shows_its_headers_behind_a_control(staff_client):
+    job = make_job(DEAD, attempts=3)
+    add_attempt(job, status_code=None)  # recorded before attempts kept headers
+    add_attempt(job, status_code=None, request_headers=[["webhook-id", "m-1"]])
+    add_attempt(
+        job,
+        status_code=503,
+        request_headers=[["webhook-id", "m-1"], ["X-Broker-Metadata-Headers", ""]],
+        response_headers=[["X-Receiver", "<b>hook</b>"]],
+    )
+
+    shown = page(staff_client, job)
+
+    assert shown.count('<details class="attempt-headers">') == 2
+    assert "<summary>1 sent, 0 received</summary>" in shown
+    assert "none: no answer" in shown
+    assert "<summary>2 sent, 1 received</summary>" in shown
+    assert "<dt>webhook-id</dt><dd>m-1</dd>" in shown
+    assert "<dt>X-Broker-Metadata-Headers</dt><dd>(empty)</dd>" in shown
+    assert "<dt>X-Receiver</dt><dd>&lt;b&gt;hook&lt;/b&gt;</dd>" in shown
+
+
+def test_a_delivered_attempt_shows_what_was_sent_and_received_and_no_secret(
+    staff_client, channel, receiver, dispatcher
+):
+    consumer = push_consumer(channel, receiver)
+    consumer.callback_url = receiver.url().replace("://", f"://alice:{URL_SECRET}@")
+    consumer.save()
+    receiver.replies["/hook"] = Reply(200, {"X-Receiver": "hook-7"})
+    publish(channel, b"{}", producer="shop", message_id="m-1")
+    run_once(dispatcher)
+
+    shown = html.unescape(page(staff_client, Job.objects.get()))
+
+    [received] = receiver.received
+    assert "<dt>X-Request-ID</dt><dd>" + received.headers["X-Request-ID"] in shown
+    assert f"<dt>webhook-signature</dt><dd>v1,{MASK} (masked)</dd>" in shown
+    assert f"<dt>X-Broker-Consumer-Token</dt><dd>{MASK} (masked)</dd>" in shown
+    assert "<dt>X-Receiver</dt><dd>hook-7</dd>" in shown
+    assert_no_secret_in(shown, secrets_of(consumer, received))
