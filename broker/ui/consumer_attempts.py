@@ -48,7 +48,9 @@ class RecentAttempts:
 def recent_attempts(consumer: Consumer, query: Any) -> RecentAttempts:
     """The consumer's newest attempts that match the filters given in `query` (a QueryDict)."""
     filters = AttemptFilters(query)
-    data = inputs.valid(filters)
+    if not filters.is_valid():  # the page names the problems above the form as typed
+        return RecentAttempts(filters, [])
+    data = filters.cleaned_data
     window = DeliveryAttempt.objects.filter(consumer_id=consumer.pk)
     if data["since"]:
         window = window.filter(started_at__gte=data["since"])

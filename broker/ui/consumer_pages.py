@@ -132,7 +132,8 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
         "recent": recent_attempts(consumer, request.GET),
         "state": delivery_states([consumer], now)[consumer.pk],
     }
-    return render(request, "ui/consumer.html", context)
+    status = 400 if context["recent"].filters.errors else 200
+    return render(request, "ui/consumer.html", context, status=status)
 
 
 def received_types(consumer: Consumer) -> list[EventType]:

@@ -56,8 +56,10 @@ class SearchForm(forms.Form):
 @operator_view(get=VIEW_MESSAGES)
 def message_search(request: HttpRequest) -> HttpResponse:
     form = SearchForm(request.GET)
-    search = inputs.valid(form)
     context: dict[str, object] = {"form": form, "hits": None, "recent": [], "is_first_page": True}
+    if not form.is_valid():  # the form as typed, its problems named, and no messages
+        return render(request, "ui/messages.html", context, status=400)
+    search = form.cleaned_data
     query, channel = search["q"], search["channel"]
     if query:
         hits = find_messages(query, channel)

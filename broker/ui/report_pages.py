@@ -210,7 +210,8 @@ def latency_chart(
 @operator_view(get=VIEW_REPORTS)
 def reports(request: HttpRequest) -> HttpResponse:
     filters = ReportFilters(request.GET)
-    inputs.valid(filters)
+    if not filters.is_valid():  # the form as typed, its problems named, and no report
+        return render(request, "ui/reports.html", {"filters": filters}, status=400)
     grain, since, until = filters.window(timezone.now())
     rows = filters.rows(grain, since, until)
     context = {
