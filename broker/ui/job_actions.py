@@ -78,9 +78,13 @@ def matching_action(request: HttpRequest) -> HttpResponse:
     filters = DeadJobFilters(request.POST)
     inputs.valid(filters)
     jobs = filters.apply(dead_jobs_with_last_status())
-    fields = [(name, str(value)) for name, value in filters.data.items() if name != "cursor"]
     return _confirm_or_act(
-        request, action, jobs, "every dead job the filters match", fields, "ui:matching-action"
+        request,
+        action,
+        jobs,
+        "every dead job the filters match",
+        filters.given(),
+        "ui:matching-action",
     )
 
 

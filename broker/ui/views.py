@@ -42,6 +42,14 @@ class DeadJobFilters(forms.Form):
     error = inputs.TextField()
     cursor = DEAD_JOBS_ORDER.cursor_field()
 
+    def given(self) -> list[tuple[str, str]]:
+        """The filters given, without the page's cursor: what "all matching" posts again."""
+        return [
+            (name, str(self.data[name]))
+            for name in self.base_fields
+            if name != "cursor" and self.data.get(name)
+        ]
+
     def apply(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         data = self.cleaned_data
         if data["channel"]:
@@ -91,11 +99,7 @@ def dead_jobs(request: HttpRequest) -> HttpResponse:
         "may_act": any(request.user.has_perm(name) for name in ACTION_PERMISSIONS),
         "id_choices": id_choices(filters.cleaned_data["channel"]),
         # The filters, for "all matching" to post again (the page's cursor left out).
-        "matching": [
-            (name, filters.data[name])
-            for name in DeadJobFilters.base_fields
-            if name != "cursor" and filters.data.get(name)
-        ],
+        "matching": filters.given(),
         **page.links(),
     }
     return render(request, "ui/dead_jobs.html", context)

@@ -89,3 +89,32 @@ def dispatch_once() -> list[AttemptResult]:
 
     in_own_thread(step)
     return results
+
+
+# A phone's screen, as the operator review used (390 by 844 CSS pixels, touch; double density keeps
+# the screenshots small).
+PHONE = {
+    "viewport": {"width": 390, "height": 844},
+    "device_scale_factor": 2,
+    "is_mobile": True,
+    "has_touch": True,
+}
+
+
+def chromium_page(monkeypatch, screen):
+    """A headless Chromium page on `screen` (Playwright's new_page options), for a fixture to
+    yield; closed after the test."""
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
+    # between browser steps are still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(**screen)
+        page.set_default_timeout(10_000)
+        yield page
+        browser.close()
+        # The ORM work of the test ran in the context Playwright's sync API set up; its
+        # connection would outlive the test and block the test database's teardown.
+        connection.close()
