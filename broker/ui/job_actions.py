@@ -19,6 +19,7 @@ from django.urls import URLPattern, path, reverse
 from broker.ui import inputs
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
 from broker.ui.views import (
+    SEARCHED,
     DeadJobFilters,
     dead_jobs_with_last_status,
     id_choices,
@@ -82,7 +83,8 @@ def matching_action(request: HttpRequest) -> HttpResponse:
         request,
         action,
         jobs,
-        "every dead job the filters match",
+        "every dead job the filters match"
+        + (f" among the newest {SEARCHED:,} they look through" if filters.searches() else ""),
         filters.given(),
         "ui:matching-action",
     )

@@ -25,6 +25,9 @@ from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
 
 PREVIEW_BYTES = 4096
 CHOICES = 500  # suggestions a channel or consumer field offers
+# Dead jobs a search by status code or error text looks through per page, newest first: neither
+# has an index, and a search that matches nothing must not read every dead job (docs/ui.md).
+SEARCHED = 5_000
 # The permissions of the dead jobs list's actions (broker/ui/job_actions.py).
 ACTION_PERMISSIONS = (CHANGE_JOBS, DELETE_JOBS)
 # Newest change first: the order of the partial index job_dead_recent_idx.
@@ -51,15 +54,13 @@ class DeadJobFilters(forms.Form):
         ]
 
     def apply(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        """The dead jobs the filters match, from the page's cursor on; those of the filters
+        that no index serves look through the next SEARCHED of the others' (`searched`)."""
+        jobs = self.indexed(jobs)
+        if not self.searches():
+            return jobs
         data = self.cleaned_data
-        if data["channel"]:
-            jobs = jobs.filter(consumer__channel_id=data["channel"])
-        if data["consumer"]:
-            jobs = jobs.filter(consumer__public_id=data["consumer"])
-        if data["since"]:
-            jobs = jobs.filter(status_changed_at__gte=data["since"])
-        if data["until"]:
-            jobs = jobs.filter(status_changed_at__lt=data["until"])
+        jobs = jobs.filter(pk__in=Subquery(jobs.values("pk")[:SEARCHED]))
         if data["status_code"] is not None:
             # A Q object: the annotation is unknown to the type checker's model of Job.
             jobs = jobs.filter(Q(last_status_code=data["status_code"]))
@@ -70,7 +71,32 @@ class DeadJobFilters(forms.Form):
                 job=OuterRef("pk"), response_excerpt__icontains=data["error"]
             )
             jobs = jobs.filter(Q(last_error__icontains=data["error"]) | Exists(answered))
+        return jobs
+
+    def indexed(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
+        """`jobs` after the cursor, by the filters an index serves: channel, consumer, time."""
+        data = self.cleaned_data
+        if data["channel"]:
+            jobs = jobs.filter(consumer__channel_id=data["channel"])
+        if data["consumer"]:
+            jobs = jobs.filter(consumer__public_id=data["consumer"])
+        if data["since"]:
+            jobs = jobs.filter(status_changed_at__gte=data["since"])
+        if data["until"]:
+            jobs = jobs.filter(status_changed_at__lt=data["until"])
         return DEAD_JOBS_ORDER.after(jobs, data["cursor"])
+
+    def searches(self) -> bool:
+        """Whether a filter that no index serves is given: status code or error text."""
+        return self.cleaned_data["status_code"] is not None or bool(self.cleaned_data["error"])
+
+    def searched(self, jobs: QuerySet[Job]) -> Job | None:
+        """The last dead job a search by status code or error text looked through, when it
+        looked through a full SEARCHED and older ones may match too; None otherwise."""
+        if not self.searches():
+            return None
+        last = DEAD_JOBS_ORDER.ordered(self.indexed(jobs))[SEARCHED - 1 : SEARCHED]
+        return next(iter(last), None)
 
 
 def dead_jobs_with_last_status() -> QuerySet[Job]:
@@ -95,6 +121,8 @@ def dead_jobs(request: HttpRequest) -> HttpResponse:
     context = {
         "filters": filters,
         "jobs": page.rows,
+        "searched": f"{SEARCHED:,}",
+        "search_older": None if page.next_page else search_older(request, filters),
         # The ticks of the rows only for users who may requeue or delete them.
         "may_act": any(request.user.has_perm(name) for name in ACTION_PERMISSIONS),
         "id_choices": id_choices(filters.cleaned_data["channel"]),
@@ -103,6 +131,17 @@ def dead_jobs(request: HttpRequest) -> HttpResponse:
         **page.links(),
     }
     return render(request, "ui/dead_jobs.html", context)
+
+
+def search_older(request: HttpRequest, filters: DeadJobFilters) -> str | None:
+    """The query string that searches on past the dead jobs this page's search looked through,
+    when it stopped at SEARCHED of them; None when it saw every one."""
+    last = filters.searched(Job.objects.filter(status=DEAD))
+    if last is None:
+        return None
+    query = request.GET.copy()
+    query["cursor"] = DEAD_JOBS_ORDER.cursor_of(last)
+    return query.urlencode()
 
 
 def id_choices(channel_id: str | None = None) -> dict[str, list[str]]:

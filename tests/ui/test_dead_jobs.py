@@ -107,6 +107,23 @@ def test_the_error_filter_also_searches_the_answers(staff_client):
     assert len(ids("http 503")) == 2  # its own last error still counts
 
 
+def test_a_search_looks_through_a_bounded_number_and_offers_the_next(staff_client, monkeypatch):
+    monkeypatch.setattr("broker.ui.views.SEARCHED", 2)
+    oldest = dead_job(died_ago=timedelta(hours=5), error="connection to clickhouse refused")
+    for hours in range(4):
+        dead_job(died_ago=timedelta(hours=hours), error="HTTP 503")
+
+    first = staff_client.get("/ui/dead-jobs", {"error": "clickhouse"})
+    assert listed(first) == []  # not among the two newest
+    second = staff_client.get(f"/ui/dead-jobs?{first.context['search_older']}")
+    assert listed(second) == []
+    third = staff_client.get(f"/ui/dead-jobs?{second.context['search_older']}")
+
+    assert listed(third) == [oldest.pk]
+    assert third.context["search_older"] is None  # it looked through the last one
+    assert "Search the next 2" in first.content.decode()
+
+
 def test_pages_follow_a_cursor_without_counting(staff_client, monkeypatch):
     monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     jobs = [dead_job(died_ago=timedelta(minutes=minutes)) for minutes in range(5)]

@@ -47,7 +47,9 @@ def test_all_matching_acts_on_the_filters_not_on_one_page(staff_client):
     asked = staff_client.post("/ui/dead-jobs/matching", form)
 
     assert "<h1>Requeue 3 dead jobs?</h1>" in asked.content.decode()
-    assert asked.context["preview"].what == "every dead job the filters match"
+    assert asked.context["preview"].what == (
+        "every dead job the filters match among the newest 5,000 they look through"
+    )
     # The confirmation posts the filters again, each field once (not the request's own).
     assert [name for name, _ in asked.context["preview"].fields] == ["action", "error", "next"]
     staff_client.post("/ui/dead-jobs/matching", {**form, "confirmed": "yes"})
