@@ -231,8 +231,14 @@ class DeliveryAttempt(models.Model):
         indexes = [
             # A job's attempt history, in order (UI and API); the FK index is this one.
             models.Index(fields=["job", "started_at"], name="attempt_job_idx"),
-            # A consumer's attempts, newest first (the UI's consumer page and dashboard).
-            models.Index(fields=["consumer_id", "-started_at"], name="attempt_consumer_idx"),
+            # A consumer's attempts, newest first (the UI's consumer page and dashboard). It
+            # carries what the page's filters test, so that looking through a consumer's newest
+            # 10,000 attempts reads the index alone (PostgreSQL; elsewhere a plain index).
+            models.Index(
+                fields=["consumer_id", "-started_at"],
+                include=["id", "status_code", "error_class"],
+                name="attempt_consumer_idx",
+            ),
             # The delivery statistics refresh (jobs/stats.py): attempts started in the last
             # few minutes, WHERE started_at >= t0 AND started_at < t1.
             models.Index(fields=["started_at"], name="attempt_started_idx"),

@@ -63,9 +63,9 @@ def recent_attempts(consumer: Consumer, query: Any) -> RecentAttempts:
         matching = matching.filter(status_code=data["status_code"])
     if data["outcome"]:
         matching = matching.filter(OUTCOMES[data["outcome"]])
-    return RecentAttempts(
-        filters,
-        with_job_public_ids(
-            matching.annotate(job_created_at=F("job__created_at")).order_by("-started_at")[:SHOWN]
-        ),
+    # The ids first, from attempt_consumer_idx alone; then only those rows, with their jobs.
+    shown = list(matching.order_by("-started_at").values_list("pk", flat=True)[:SHOWN])
+    rows = DeliveryAttempt.objects.filter(pk__in=shown).annotate(
+        job_created_at=F("job__created_at")
     )
+    return RecentAttempts(filters, with_job_public_ids(rows.order_by("-started_at")))

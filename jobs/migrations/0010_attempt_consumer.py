@@ -25,6 +25,10 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='deliveryattempt',
-            index=models.Index(fields=['consumer_id', '-started_at'], name='attempt_consumer_idx'),
+            index=models.Index(
+                fields=['consumer_id', '-started_at'],
+                include=['id', 'status_code', 'error_class'],
+                name='attempt_consumer_idx',
+            ),
         ),
     ]
