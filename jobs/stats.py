@@ -81,13 +81,21 @@ class Tally:
     histogram: Counter[int] = field(default_factory=Counter)
 
     def add(self, other: Tally | DeliveryStats) -> None:
-        self.attempts += other.attempts
-        self.delivered += other.delivered
-        self.failed += other.failed
         if isinstance(other, Tally):
+            self.count(other.attempts, other.delivered, other.failed)
             self.histogram.update(other.histogram)
         else:
-            self.histogram.update({int(k): n for k, n in other.latency_histogram.items()})
+            self.count(other.attempts, other.delivered, other.failed, other.latency_histogram)
+
+    def count(
+        self, attempts: int, delivered: int, failed: int, histogram: dict[str, int] | None = None
+    ) -> None:
+        """Add a rollup row's figures; its stored histogram (bucket numbers as text) if given."""
+        self.attempts += attempts
+        self.delivered += delivered
+        self.failed += failed
+        for bucket, deliveries in (histogram or {}).items():
+            self.histogram[int(bucket)] += deliveries
 
     @property
     def success_rate(self) -> float | None:
@@ -318,15 +326,24 @@ class Recent:
 
 
 def recent(span: DeliveryStats.Span, periods: int, now: datetime | None = None) -> Recent:
-    """The last `periods` minutes or hours, the current one included (one query)."""
+    """The last `periods` minutes or hours, the current one included (one query).
+
+    Each row is read as a tuple, never a model instance, and its latency histogram is added to
+    its consumer's alone: the periods only need counts (the charts), and the total's histogram is
+    its consumers' added up once. A dashboard over 200 consumers reads 16,800 rows.
+    """
     now = now or timezone.now()
     since = _floor(now, span) - timedelta(seconds=span * (periods - 1))
-    rows = DeliveryStats.objects.filter(span=span, period_start__gte=since)
-    per_key, per_consumer = add_up(rows, span)
+    rows = DeliveryStats.objects.filter(span=span, period_start__gte=since).values_list(
+        "consumer_id", "period_start", "attempts", "delivered", "failed", "latency_histogram"
+    )
+    per_consumer: dict[int, Tally] = {}
     per_period = {since + timedelta(seconds=span * i): Tally() for i in range(periods)}
+    for consumer_id, start, attempts, delivered, failed, histogram in rows:
+        per_consumer.setdefault(consumer_id, Tally()).count(attempts, delivered, failed, histogram)
+        per_period.setdefault(_floor(start, span), Tally()).count(attempts, delivered, failed)
     total = Tally()
-    for (_, period), tally in per_key.items():
-        per_period.setdefault(period, Tally()).add(tally)
+    for tally in per_consumer.values():
         total.add(tally)
     return Recent(since, per_consumer, per_period, total)
 
