@@ -25,6 +25,7 @@ from jobs.delivery import (
     chunks_of,
     describe_error,
     ended,
+    received_headers,
     retry_after_of,
     storable_text,
 )
@@ -89,13 +90,14 @@ async def post(
             excerpt = await _excerpt(response)
             status = response.status
             retry_after = retry_after_of(status, response.headers.get("Retry-After"))
+            answer_headers = received_headers(response.raw_headers)
     except TimeoutError:
         error_class, error = "timeout", f"no answer within {timeout:g} s"
     except (aiohttp.ClientError, OSError) as exc:  # OSError: refused by the address guard
         error_class = "unsafe-callback" if is_refusal(exc) else "connection"
         error = describe_aiohttp_error(exc)
     else:
-        return answered(request, started_at, started, status, excerpt, retry_after)
+        return answered(request, started_at, started, status, excerpt, retry_after, answer_headers)
     return ended(request, started_at, started, error_class, error)
 
 

@@ -12,6 +12,10 @@ What it keeps, and how:
   (`check_delivery_url`). No proxy is ever used (a proxy resolves names out of the guard's sight).
 * No redirects, no cookies, no decompression, HTTP/1.1 with keep-alive, a total timeout.
 * A bounded read: the first RESPONSE_EXCERPT_BYTES of the answer, then the transfer ends.
+* The final answer's headers, for the attempt's record: libcurl hands every header line it reads,
+  those of interim answers (1xx) and trailers included, to CURLOPT_HEADERFUNCTION, which is a
+  list's append (no Python function of ours runs per line); `header_fields` picks out the final
+  answer's once it is in, and reads Retry-After from them too.
 * Offloaded payloads are signed and streamed from storage in chunks read in worker threads.
 * `on_sent` is called just before libcurl writes the request on a ready connection.
 """
@@ -39,6 +43,7 @@ from jobs.delivery import (
     answered,
     chunks_of,
     ended,
+    received_headers,
     retry_after_of,
     storable_text,
 )
@@ -97,7 +102,10 @@ async def post(
         return ended(request, started_at, started, error_class, error)
     status = answer.status
     excerpt = storable_text(answer.excerpt.decode("utf-8", errors="replace"))
-    return answered(request, started_at, started, status, excerpt, _retry_after(answer))
+    fields = header_fields(answer.header_lines)
+    retry_after = _retry_after(status, fields)
+    kept = received_headers(fields)
+    return answered(request, started_at, started, status, excerpt, retry_after, kept)
 
 
 def header_lines(headers: dict[str, str]) -> list[bytes]:
@@ -117,10 +125,32 @@ def _error_of(answer: Answer, url: str, timeout: float) -> tuple[str, str]:
     return "connection", storable_text(f"curl error {answer.error_code}: {answer.error}"[:500])
 
 
-def _retry_after(answer: Answer) -> float | None:
+def header_fields(lines: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """The (name, value) fields of the final answer among every header line libcurl read: those
+    after the last status line, up to the blank line that ends them. An interim answer's (100
+    Continue, 103 Early Hints) come before it, a chunked body's trailers after that blank line:
+    neither mixes in."""
+    start = 0
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith(b"HTTP/"):
+            start = index + 1
+            break
+    fields: list[tuple[bytes, bytes]] = []
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        if line[:1] in (b" ", b"\t") and fields:  # a folded line goes on the field before it
+            name, value = fields[-1]
+            fields[-1] = (name, value + b" " + line.strip())
+            continue
+        name, _, value = line.partition(b":")
+        fields.append((name.strip(), value.strip()))
+    return fields
+
+
+def _retry_after(status: int, fields: list[tuple[bytes, bytes]]) -> float | None:
     value = None
-    for line in answer.header_lines:
-        name, _, text = line.partition(b":")
-        if name.strip().lower() == b"retry-after":
+    for name, text in fields:
+        if name.lower() == b"retry-after":
             value = text.decode("latin-1")
-    return retry_after_of(answer.status, value)
+    return retry_after_of(status, value)

@@ -22,6 +22,7 @@ from django.core.files import File
 from broker import payloads, tracing
 from broker.payloads import PAYLOAD_MISSING, PayloadMissing
 from broker.tracing import AttemptSpan, TraceContext
+from jobs.header_masking import masked_headers
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,17 @@ STORAGE_ERROR = "storage-error"  # error class: the payload storage failed to gi
 # Error class of a delivery that failed in a way no other class describes: an exception of the HTTP
 # client or of our own code. It is that job's failed attempt, never the dispatcher's end.
 REQUEST_ERROR = "request-error"
+# What an attempt's record keeps of the headers of its request and of its answer, each: at most
+# this many headers, of at most this many characters of names and values in all, each name and
+# value cut at KEPT_HEADER_CHARS (docs/delivery.md, "What an attempt keeps of its headers"). A
+# receiver's answer may carry hundreds of KiB of headers, and a message's metadata up to 50 of
+# 8 KiB; its row stays small.
+MAX_KEPT_HEADERS = 50
+KEPT_HEADERS_CHARS = 4096
+KEPT_HEADER_CHARS = 1024
+
+# Header names and values in their order, as an attempt keeps them (JSON: [[name, value], ...]).
+Headers = tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,10 @@ class AttemptResult:
     response_excerpt: str = ""
     retry_after: float | None = field(default=None)  # seconds, from a 429/503 Retry-After
     names: DeliveryNames | None = None  # the request's
+    # As `kept_headers` keeps them: those the request was sent with (or would have been, when
+    # it ended before), signature included; those of the final answer, none without one.
+    request_headers: Headers = ()
+    response_headers: Headers = ()
 
     @property
     def succeeded(self) -> bool:
@@ -183,8 +199,9 @@ async def _attempt_stored(
     except Exception as exc:  # each storage backend raises its own (OSError, botocore, ...)
         logger.warning("cannot read offloaded payload %s: %s", stored.name, describe_error(exc))
         return unanswered(request, STORAGE_ERROR, f"payload storage: {describe_error(exc)}")
+    signed = replace(request, headers={**request.headers, **signature})  # its result's headers
     try:
-        return await post(request, {**request.headers, **signature}, file, timeout, on_sent)
+        return await post(signed, signed.headers, file, timeout, on_sent)
     finally:
         await asyncio.to_thread(file.close)
 
@@ -215,8 +232,10 @@ def answered(
     status: int,
     excerpt: str,
     retry_after: float | None,
+    headers: Headers = (),
 ) -> AttemptResult:
-    """An attempt the consumer answered, timed from `started` (perf_counter): 2xx or not."""
+    """An attempt the consumer answered, timed from `started` (perf_counter): 2xx or not, with
+    the answer's `headers` (`received_headers`)."""
     ok = 200 <= status < 300
     return _result(
         request,
@@ -227,6 +246,7 @@ def answered(
         error="" if ok else f"HTTP {status}",
         response_excerpt=excerpt,
         retry_after=retry_after,
+        response_headers=headers,
     )
 
 
@@ -245,7 +265,8 @@ def unanswered(request: DeliveryRequest, error_class: str, error: str) -> Attemp
 def _result(
     request: DeliveryRequest, started_at: datetime, duration_ms: float, **outcome: Any
 ) -> AttemptResult:
-    """`request`'s attempt: its job, consumer and names, with `outcome`'s AttemptResult fields."""
+    """`request`'s attempt: its job, consumer, names and headers, with `outcome`'s AttemptResult
+    fields."""
     return AttemptResult(
         request.job_id,
         request.attempt,
@@ -253,6 +274,7 @@ def _result(
         started_at,
         duration_ms,
         names=request.names,
+        request_headers=kept_headers(request.headers.items()),
         **outcome,
     )
 
@@ -286,6 +308,44 @@ def retry_after_seconds(value: str, now: float) -> float | None:
     except (ValueError, TypeError, IndexError, OverflowError):
         return None
     return max(0.0, min(when - now, MAX_RETRY_AFTER_SECONDS))
+
+
+def received_headers(raw: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """An answer's header lines (name and value as received) as its attempt keeps them: read as
+    UTF-8, an invalid byte replaced, then `kept_headers`."""
+    return kept_headers(
+        (name.decode(errors="replace"), value.decode(errors="replace")) for name, value in raw
+    )
+
+
+def kept_headers(headers: Iterable[tuple[str, str]]) -> Headers:
+    """What an attempt's record keeps of `headers`, in their order: each secret value masked
+    (jobs/header_masking.py, before anything else sees it), NULs replaced, each name and value
+    cut at KEPT_HEADER_CHARS, and no more than MAX_KEPT_HEADERS and KEPT_HEADERS_CHARS in all:
+    the headers past the bound are left out. Runs for every delivery, twice: the common case,
+    short headers without NULs, costs a few comparisons each."""
+    kept: list[tuple[str, str]] = []
+    room = KEPT_HEADERS_CHARS
+    for name, value in masked_headers(headers):
+        size = len(name) + len(value)
+        if size >= room or len(name) > KEPT_HEADER_CHARS or len(value) > KEPT_HEADER_CHARS:
+            name = _cut(name, KEPT_HEADER_CHARS)
+            if len(name) >= room:
+                break
+            value = _cut(value, min(KEPT_HEADER_CHARS, room - len(name)))
+            size = len(name) + len(value)
+        if "\x00" in name or "\x00" in value:
+            name, value = storable_text(name), storable_text(value)
+        kept.append((name, value))
+        room -= size
+        if len(kept) == MAX_KEPT_HEADERS:
+            break
+    return tuple(kept)
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text` in at most `limit` (at least 1) characters, an ellipsis saying it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def storable_text(text: str) -> str:

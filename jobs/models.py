@@ -220,6 +220,12 @@ class DeliveryAttempt(models.Model):
     # "http-status", "timeout", "connection", "payload-missing", ... ; "" for a 2xx.
     error_class = models.CharField(max_length=40, blank=True, default="")
     response_excerpt = models.TextField(blank=True, default="")  # first few KiB of the body
+    # [[name, value], ...] in the order sent and received (a list: jsonb would reorder an
+    # object's keys), secrets masked and bounded as jobs/delivery.py's `kept_headers` does:
+    # those the request was sent with, and those of the final answer ([] without one). The
+    # database default serves attempts recorded before them and rows written in SQL.
+    request_headers = models.JSONField(default=list, blank=True, db_default=[])
+    response_headers = models.JSONField(default=list, blank=True, db_default=[])
     dispatcher_id = models.CharField(max_length=255)
     # The job's consumer, copied so that a consumer's recent attempts are one index range (the
     # UI's consumer page); no foreign key: the job's already ties the row to its consumer, and

@@ -156,5 +156,7 @@ def attempt_row(result: AttemptResult, dispatcher_id: str) -> DeliveryAttempt:
         status_code=result.status_code,
         error_class=result.error_class,
         response_excerpt=result.response_excerpt,
+        request_headers=result.request_headers,
+        response_headers=result.response_headers,
         dispatcher_id=dispatcher_id,
     )

@@ -13,10 +13,11 @@ from django.utils import timezone
 from broker import publish
 from broker.templatetags.ui_format import utc
 from consumers.models import Consumer
+from jobs.header_masking import MASK
 from jobs.models import Job
 from jobs.states import DEAD, QUEUED
 from tests.delivery import push_consumer, run_once
-from tests.dispatch.test_attempt_headers import MASK, URL_SECRET, assert_no_secret_in, secrets_of
+from tests.dispatch.test_attempt_headers import URL_SECRET, assert_no_secret_in, secrets_of
 from tests.helpers import make_job
 from tests.receiver import Reply
 from tests.ui.test_dead_jobs import add_attempt
@@ -119,12 +120,14 @@ def test_each_attempt_shows_its_headers_behind_a_control(staff_client):
         request_headers=[["webhook-id", "m-1"], ["X-Broker-Metadata-Headers", ""]],
         response_headers=[["X-Receiver", "<b>hook</b>"]],
     )
+    add_attempt(job, status_code=200, request_headers=[["webhook-id", "m-1"]])
 
     shown = page(staff_client, job)
 
-    assert shown.count('<details class="attempt-headers">') == 2
-    assert "<summary>1 sent, 0 received</summary>" in shown
-    assert "none: no answer" in shown
+    assert shown.count('<details class="attempt-headers">') == 3
+    assert shown.count("<summary>1 sent, 0 received</summary>") == 2
+    assert '<p class="no-headers">none: no answer</p>' in shown  # a connection error
+    assert '<p class="no-headers">none</p>' in shown  # an answer without headers
     assert "<summary>2 sent, 1 received</summary>" in shown
     assert "<dt>webhook-id</dt><dd>m-1</dd>" in shown
     assert "<dt>X-Broker-Metadata-Headers</dt><dd>(empty)</dd>" in shown
