@@ -25,7 +25,6 @@ from jobs.delivery import (
     chunks_of,
     describe_error,
     ended,
-    received_headers,
     retry_after_of,
     storable_text,
 )
@@ -90,7 +89,7 @@ async def post(
             excerpt = await _excerpt(response)
             status = response.status
             retry_after = retry_after_of(status, response.headers.get("Retry-After"))
-            answer_headers = received_headers(response.raw_headers)
+            answer_headers = response.raw_headers
     except TimeoutError:
         error_class, error = "timeout", f"no answer within {timeout:g} s"
     except (aiohttp.ClientError, OSError) as exc:  # OSError: refused by the address guard

@@ -12,10 +12,10 @@ What it keeps, and how:
   (`check_delivery_url`). No proxy is ever used (a proxy resolves names out of the guard's sight).
 * No redirects, no cookies, no decompression, HTTP/1.1 with keep-alive, a total timeout.
 * A bounded read: the first RESPONSE_EXCERPT_BYTES of the answer, then the transfer ends.
-* The final answer's headers, for the attempt's record: libcurl hands every header line it reads,
-  those of interim answers (1xx) and trailers included, to CURLOPT_HEADERFUNCTION, which is a
-  list's append (no Python function of ours runs per line); `header_fields` picks out the final
-  answer's once it is in, and reads Retry-After from them too.
+* The final answer's headers, for a failed attempt's record: libcurl hands every header line it
+  reads, those of interim answers (1xx) and trailers included, to CURLOPT_HEADERFUNCTION, which
+  is a list's append (no Python function of ours runs per line); for an answer that is not a 2xx
+  `header_fields` picks out the final answer's once it is in, and reads Retry-After from them.
 * Offloaded payloads are signed and streamed from storage in chunks read in worker threads.
 * `on_sent` is called just before libcurl writes the request on a ready connection.
 """
@@ -43,7 +43,6 @@ from jobs.delivery import (
     answered,
     chunks_of,
     ended,
-    received_headers,
     retry_after_of,
     storable_text,
 )
@@ -102,10 +101,11 @@ async def post(
         return ended(request, started_at, started, error_class, error)
     status = answer.status
     excerpt = storable_text(answer.excerpt.decode("utf-8", errors="replace"))
+    if 200 <= status < 300:  # its headers are neither kept nor read (jobs/delivery.py)
+        return answered(request, started_at, started, status, excerpt, None)
     fields = header_fields(answer.header_lines)
     retry_after = _retry_after(status, fields)
-    kept = received_headers(fields)
-    return answered(request, started_at, started, status, excerpt, retry_after, kept)
+    return answered(request, started_at, started, status, excerpt, retry_after, fields)
 
 
 def header_lines(headers: dict[str, str]) -> list[bytes]:

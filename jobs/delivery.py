@@ -95,8 +95,9 @@ class AttemptResult:
     response_excerpt: str = ""
     retry_after: float | None = field(default=None)  # seconds, from a 429/503 Retry-After
     names: DeliveryNames | None = None  # the request's
-    # As `kept_headers` keeps them: those the request was sent with (or would have been, when
-    # it ended before), signature included; those of the final answer, none without one.
+    # Of a failed attempt, as `kept_headers` keeps them: those the request was sent with (or
+    # would have been, when it ended before), signature included; those of the final answer,
+    # none without one. A 2xx keeps none (`_result`).
     request_headers: Headers = ()
     response_headers: Headers = ()
 
@@ -232,10 +233,10 @@ def answered(
     status: int,
     excerpt: str,
     retry_after: float | None,
-    headers: Headers = (),
+    headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> AttemptResult:
-    """An attempt the consumer answered, timed from `started` (perf_counter): 2xx or not, with
-    the answer's `headers` (`received_headers`)."""
+    """An attempt the consumer answered, timed from `started` (perf_counter): 2xx or not; the
+    answer's `headers` as received, kept (`received_headers`) when it failed."""
     ok = 200 <= status < 300
     return _result(
         request,
@@ -246,7 +247,7 @@ def answered(
         error="" if ok else f"HTTP {status}",
         response_excerpt=excerpt,
         retry_after=retry_after,
-        response_headers=headers,
+        response_headers=() if ok else received_headers(headers),
     )
 
 
@@ -265,18 +266,24 @@ def unanswered(request: DeliveryRequest, error_class: str, error: str) -> Attemp
 def _result(
     request: DeliveryRequest, started_at: datetime, duration_ms: float, **outcome: Any
 ) -> AttemptResult:
-    """`request`'s attempt: its job, consumer, names and headers, with `outcome`'s AttemptResult
-    fields."""
-    return AttemptResult(
+    """`request`'s attempt: its job, consumer and names, with `outcome`'s AttemptResult fields;
+    a failed one with the headers its request was sent with.
+
+    Only failures keep headers: they are what an operator reads to find out why, and keeping
+    them for every 2xx cost the dispatcher about a quarter more CPU per delivery
+    (docs/performance.md, "Attempt headers (issue 20)")."""
+    result = AttemptResult(
         request.job_id,
         request.attempt,
         request.consumer_id,
         started_at,
         duration_ms,
         names=request.names,
-        request_headers=kept_headers(request.headers.items()),
         **outcome,
     )
+    if result.succeeded:
+        return result
+    return replace(result, request_headers=kept_headers(request.headers.items()))
 
 
 def _elapsed_ms(started: float) -> float:

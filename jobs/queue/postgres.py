@@ -306,15 +306,13 @@ moved AS (
         AND j.id IN (SELECT id FROM present) AND j.status = '{INFLIGHT.value}'
 )
 INSERT INTO {DeliveryAttempt._meta.db_table} (job_id, consumer_id, attempt_number, started_at,
-    duration_ms, status_code, error_class, response_excerpt, request_headers, response_headers,
-    dispatcher_id)
+    duration_ms, status_code, error_class, response_excerpt, dispatcher_id)
 SELECT job_id, consumer_id, attempt_number, started_at, duration_ms, status_code, '', excerpt,
-    sent, received, %(dispatcher)s
+    %(dispatcher)s
 FROM unnest(%(jobs)s::bigint[], %(job_consumers)s::bigint[], %(attempts)s::int[],
     %(started)s::timestamptz[], %(durations)s::float8[], %(statuses)s::smallint[],
-    %(excerpts)s::text[], %(sent)s::jsonb[], %(received)s::jsonb[])
-    AS result(job_id, consumer_id, attempt_number, started_at, duration_ms, status_code, excerpt,
-        sent, received)
+    %(excerpts)s::text[])
+    AS result(job_id, consumer_id, attempt_number, started_at, duration_ms, status_code, excerpt)
 WHERE job_id IN (SELECT id FROM present)
 """  # noqa: S608
 
@@ -383,9 +381,6 @@ class PostgresQueue(PostgresPullStatements):
                     "durations": [r.duration_ms for r in results],
                     "statuses": [r.status_code for r in results],
                     "excerpts": [r.response_excerpt for r in results],
-                    # JSON text, each read as jsonb by the statement: [[name, value], ...]
-                    "sent": [json.dumps(r.request_headers) for r in results],
-                    "received": [json.dumps(r.response_headers) for r in results],
                     "now": now,
                 },
             )

@@ -49,8 +49,8 @@ def one_retry(settings):
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("http_client", "backend")
-@pytest.mark.parametrize("status", [200, 503], ids=["delivered", "failed"])
-def test_an_attempt_keeps_the_headers_sent_and_received_with_secrets_masked(
+@pytest.mark.parametrize("status", [503, 404], ids=["unavailable", "refused"])
+def test_a_failed_attempt_keeps_the_headers_sent_and_received_with_secrets_masked(
     channel, receiver, dispatcher, status
 ):
     consumer = push_consumer(channel, receiver)
@@ -86,6 +86,22 @@ def test_an_attempt_keeps_the_headers_sent_and_received_with_secrets_masked(
     assert answer["WWW-Authenticate"] == f"Bearer {MASKED}"
     assert answer["Content-Length"] == "6"
     assert_no_secret_in(stored_row_text(), secrets_of(consumer, received))
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("http_client", "backend")
+def test_a_delivered_attempt_keeps_no_headers(channel, receiver, dispatcher):
+    """What an operator reads to find out why is a failure's; a 2xx's would cost every delivery."""
+    push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(200, {"X-Receiver": "hook-7"})
+    publish(channel, b"{}", producer="shop", message_id="m-1")
+
+    [result] = run_once(dispatcher)
+
+    assert result.succeeded
+    assert (result.request_headers, result.response_headers) == ((), ())
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.request_headers, attempt.response_headers) == ([], [])
 
 
 def test_an_attempt_without_an_answer_keeps_the_request_headers_alone(
@@ -186,11 +202,11 @@ def test_only_the_final_answer_headers_are_kept():
 @pytest.mark.usefixtures("http_client")
 def test_a_flood_of_answer_headers_is_kept_within_its_bound(receiver):
     flood = {f"X-Flood-{n:03}": "f" * 60 for n in range(80)}
-    receiver.replies["/hook"] = Reply(200, {"X-Huge": "h" * 5000, **flood})
+    receiver.replies["/hook"] = Reply(500, {"X-Huge": "h" * 5000, **flood})
 
     result = send(receiver.url())
 
-    assert result.succeeded
+    assert result.status_code == 500
     kept = dict(result.response_headers)
     assert kept["X-Huge"] == "h" * (KEPT_HEADER_CHARS - 1) + "…"
     assert len(result.response_headers) <= MAX_KEPT_HEADERS
@@ -309,7 +325,9 @@ def test_a_nul_in_a_header_never_keeps_an_attempt_from_being_recorded(
         request.consumer_id,
         timezone.now() - timedelta(seconds=1),
         1.0,
-        status_code=200,
+        status_code=500,
+        error_class="http-status",
+        error="HTTP 500",
         request_headers=kept_headers([("X-A", "a\x00")]),
         response_headers=kept_headers([("X-B\x00", "b")]),
     )

@@ -134,13 +134,13 @@ def test_each_attempt_shows_its_headers_behind_a_control(staff_client):
     assert "<dt>X-Receiver</dt><dd>&lt;b&gt;hook&lt;/b&gt;</dd>" in shown
 
 
-def test_a_delivered_attempt_shows_what_was_sent_and_received_and_no_secret(
+def test_a_failed_attempt_shows_what_was_sent_and_received_and_no_secret(
     staff_client, channel, receiver, dispatcher
 ):
     consumer = push_consumer(channel, receiver)
     consumer.callback_url = receiver.url().replace("://", f"://alice:{URL_SECRET}@")
     consumer.save()
-    receiver.replies["/hook"] = Reply(200, {"X-Receiver": "hook-7"})
+    receiver.replies["/hook"] = Reply(503, {"X-Receiver": "hook-7"})
     publish(channel, b"{}", producer="shop", message_id="m-1")
     run_once(dispatcher)
 
