@@ -19,6 +19,8 @@ from tests.ui.browser import PHONE, browser_test, chromium_page, dispatch_once, 
 
 pytestmark = browser_test
 REFUSAL = b"connection to clickhouse:9000 refused"
+# A receiver's long answer: the page shows its start, and the whole of it on demand.
+LONG_ANSWER = REFUSAL + b"; " + b"retrying the pool " * 30 + b"END-OF-ANSWER"
 SCREENS = {"desktop": {"viewport": {"width": 1440, "height": 900}}, "phone": PHONE}
 
 
@@ -63,6 +65,28 @@ def test_the_reason_is_two_clicks_from_the_dashboard(screen, live_server, failin
     assert page.locator("#next-attempt").inner_text().startswith("due ")
     page.locator("a.back").click()  # back to where the operator came from, filter kept
     page.wait_for_url("**/ui/consumers/orders/audit?*outcome=5xx*")
+
+
+def test_an_attempt_opens_to_its_whole_answer_and_its_headers(
+    screen, live_server, failing, receiver
+):
+    page = screen
+    receiver.replies["/audit"] = Reply(503, {"X-Pool": "clickhouse-2"}, LONG_ANSWER)
+    Job.objects.update(next_attempt_at=Job.objects.first().created_at)  # due again now
+    assert [result.status_code for result in dispatch_once()] == [503] * 3
+    job = Job.objects.order_by("pk").first()
+    log_in(page, live_server, f"/ui/jobs/{job.public_id}")
+
+    latest = page.locator("table.attempts tbody tr").last
+    assert not latest.get_by_text("END-OF-ANSWER").is_visible()
+    latest.locator(".excerpt-more summary").click()
+    assert latest.get_by_text("END-OF-ANSWER").is_visible()
+    headers = latest.locator("details.attempt-headers")
+    headers.locator("summary").click()
+    shown = headers.inner_text()
+    assert "clickhouse-2" in shown  # the answer's
+    assert "v1,•••• (masked)" in shown  # the signature sent, masked
+    assert page.locator("pre.payload").first.inner_text().startswith("{\n")  # indented JSON
 
 
 def test_find_dead_jobs_by_the_answer_and_delete_after_a_preview(screen, live_server, failing):
