@@ -72,9 +72,9 @@ def test_an_attempt_opens_to_its_whole_answer_and_its_headers(
 ):
     page = screen
     receiver.replies["/audit"] = Reply(503, {"X-Pool": "clickhouse-2"}, LONG_ANSWER)
-    Job.objects.update(next_attempt_at=Job.objects.first().created_at)  # due again now
+    Job.objects.update(next_attempt_at=Job.objects.earliest("pk").created_at)  # due again now
     assert [result.status_code for result in dispatch_once()] == [503] * 3
-    job = Job.objects.order_by("pk").first()
+    job = Job.objects.earliest("pk")
     log_in(page, live_server, f"/ui/jobs/{job.public_id}")
 
     latest = page.locator("table.attempts tbody tr").last
