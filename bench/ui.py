@@ -429,16 +429,18 @@ def describe(url: str) -> tuple[datetime, str]:
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], workers: int) -> Iterator[str]:
+def gunicorn(
+    env: dict[str, str], workers: int, timeout: int = 120, start_seconds: float = 30
+) -> Iterator[str]:
     """`gunicorn broker.wsgi` as production runs it (sync workers, DEBUG off), on a free
-    loopback port; yields its base URL. A worker timeout of 120 s instead of 30 s, so that a
-    page far over its bound still gets a figure rather than a killed worker."""
+    loopback port; yields its base URL. A worker timeout of `timeout` s instead of 30 s, so that
+    a page far over its bound still gets a figure rather than a killed worker."""
     port = free_port()
     command = [
         sys.executable, "-m", "gunicorn", "broker.wsgi",
         "--bind", f"{HOST}:{port}",
         "--workers", str(workers),
-        "--timeout", "120",
+        "--timeout", str(timeout),
         "--log-level", "warning",
     ]  # fmt: skip
     with tempfile.TemporaryFile() as output:
@@ -446,7 +448,7 @@ def gunicorn(env: dict[str, str], workers: int) -> Iterator[str]:
             command, cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output
         )
         try:
-            wait_until_serving(port, process)
+            wait_until_serving(port, process, timeout=start_seconds)
             yield f"http://{HOST}:{port}"
         except BaseException:
             print_tail(output)
