@@ -22,6 +22,10 @@ from broker.settings_catalog import ConfigError, ServerEnvironment
 
 T = TypeVar("T")
 
+POSTGRESQL = "django.db.backends.postgresql"
+# The Django alias of BROKER_READ_DATABASE_URL (broker/db_routing.py).
+READ_REPLICA = "replica"
+
 
 @contextmanager
 def _improperly_configured() -> Iterator[None]:
@@ -81,13 +85,65 @@ def _server_setting(setting: catalog.Setting[T]) -> T:
         return setting.from_environment(os.environ)
 
 
-def parse_database_url(url: str) -> dict[str, Any]:
-    """Turn DATABASE_URL into a Django DATABASES entry (the URL's forms: settings_catalog)."""
+def parse_database_url(url: str, variable: str = "DATABASE_URL") -> dict[str, Any]:
+    """Turn DATABASE_URL (or `variable`, of the same forms) into a Django DATABASES entry (the
+    URL's forms: settings_catalog)."""
     with _improperly_configured():
-        parsed = catalog.parse_database_url(url)
+        parsed = catalog.parse_database_url(url, variable)
     if parsed.engine == "sqlite":
         return _sqlite_database(parsed.name)
     return _postgres_database(parsed)
+
+
+def database_settings(url: str, variable: str = "DATABASE_URL") -> dict[str, Any]:
+    """A DATABASES entry for the URL in `variable`, with the store's connection settings: the
+    pool, the connections' age, and on PostgreSQL prepared statements and JIT."""
+    database = {**parse_database_url(url, variable), "CONN_HEALTH_CHECKS": True}
+    # PostgreSQL: a connection pool per process, so that a process holds a bounded number of
+    # connections whatever its threads do. Without it every thread keeps a connection of its own,
+    # and `manage.py runserver`, a thread per HTTP connection, ran the server out of connections
+    # ("too many clients", issue 14). See docs/configuration.md.
+    pool = database_pool(database["ENGINE"])
+    if pool:
+        database["OPTIONS"]["pool"] = pool
+    database["CONN_MAX_AGE"] = database_conn_max_age(pooled=pool is not None)
+    if database["ENGINE"] == POSTGRESQL:
+        database["OPTIONS"].update(_postgres_session_options(database["OPTIONS"]))
+    return database
+
+
+def _postgres_session_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Options of every PostgreSQL session the broker opens (DATABASE_PREPARED_STATEMENTS,
+    DATABASE_JIT), added to those of the URL."""
+    added: dict[str, Any] = {}
+    if _server_setting(ServerEnvironment.DATABASE_PREPARED_STATEMENTS):
+        # Server-side binding with prepared statements: PostgreSQL plans a statement a connection
+        # repeats (publishing above all) once instead of on every request. The pool hands out
+        # whole sessions, so they survive there; turn off behind an external pooler in
+        # transaction mode (PgBouncer) that cannot carry prepared statements.
+        added.update(server_side_binding=True, prepare_threshold=5)
+    if _server_setting(ServerEnvironment.DATABASE_JIT) == "off":
+        # The broker's queries are short index lookups, but on large tables their cost estimates
+        # pass jit_above_cost and PostgreSQL compiles them: at 25,000,000 jobs the push claim
+        # took 800-930 ms with JIT against 19-21 ms without (docs/performance.md). libpq's
+        # `options` sets it at connection start, after whatever the URL's own `options` say.
+        added["options"] = " ".join(filter(None, [options.get("options"), "-c jit=off"]))
+    return added
+
+
+def read_replica_settings(url: str, primary: dict[str, Any]) -> dict[str, Any]:
+    """The DATABASES entry of BROKER_READ_DATABASE_URL, a streaming replica of `primary`
+    (broker/db_routing.py routes reads there)."""
+    replica = database_settings(url, "BROKER_READ_DATABASE_URL")
+    if not replica["ENGINE"] == primary["ENGINE"] == POSTGRESQL:
+        # SQLite has no replicas; a second SQLite file would only be another, stale database.
+        raise ImproperlyConfigured(
+            "BROKER_READ_DATABASE_URL is a streaming replica of DATABASE_URL's PostgreSQL"
+            " server: both must be postgres:// URLs."
+        )
+    # The tests of a project with a replica run against the primary's test database alone.
+    replica["TEST"] = {"MIRROR": "default"}
+    return replica
 
 
 def database_pool(engine: str) -> dict[str, Any] | None:
@@ -149,7 +205,7 @@ def _sqlite_database(name: str) -> dict[str, Any]:
 
 def _postgres_database(parsed: catalog.DatabaseUrl) -> dict[str, Any]:
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": POSTGRESQL,
         "NAME": parsed.name,
         "USER": parsed.user,
         "PASSWORD": parsed.password,

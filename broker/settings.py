@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from broker.env import database_conn_max_age, database_pool, parse_database_url
+from broker.env import READ_REPLICA, database_settings, read_replica_settings
 from broker.gateway_auth import check_mode as check_gateway_mode
 from broker.logs import logging_config
 from broker.settings_catalog import BrokerSettings, ServerEnvironment
@@ -87,26 +87,18 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": {
-        **parse_database_url(_env.DATABASE_URL),
-        "CONN_HEALTH_CHECKS": True,
-    }
-}
-# PostgreSQL: a connection pool per process, so that a process holds a bounded number of
-# connections whatever its threads do. Without it every thread keeps a connection of its own,
-# and `manage.py runserver`, a thread per HTTP connection, ran the server out of connections
-# ("too many clients", issue 14). See docs/configuration.md.
-_pool = database_pool(DATABASES["default"]["ENGINE"])
-if _pool:
-    DATABASES["default"]["OPTIONS"]["pool"] = _pool
-DATABASES["default"]["CONN_MAX_AGE"] = database_conn_max_age(pooled=_pool is not None)
-if DATABASES["default"]["ENGINE"].endswith("postgresql") and _env.DATABASE_PREPARED_STATEMENTS:
-    # Server-side binding with prepared statements: PostgreSQL plans a statement a connection
-    # repeats (publishing above all) once instead of on every request. The pool above hands out
-    # whole sessions, so they survive there; turn off behind an external pooler in transaction
-    # mode (PgBouncer) that cannot carry prepared statements.
-    DATABASES["default"]["OPTIONS"].update(server_side_binding=True, prepare_threshold=5)
+# The store, with its connection pool, prepared statements and JIT off on PostgreSQL
+# (broker/env.py, docs/configuration.md).
+DATABASES = {"default": database_settings(_env.DATABASE_URL)}
+if _env.BROKER_READ_DATABASE_URL:
+    # Reads that may be a moment old go to a streaming replica: the router sends a request's
+    # reads there when the middleware has marked the request as one that only reads
+    # (broker/db_routing.py, docs/configuration.md#read-replica). Without it, one database.
+    DATABASES[READ_REPLICA] = read_replica_settings(
+        _env.BROKER_READ_DATABASE_URL, DATABASES["default"]
+    )
+    DATABASE_ROUTERS = ["broker.db_routing.ReadReplicaRouter"]
+    MIDDLEWARE.append("broker.db_routing.ReplicaReadMiddleware")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

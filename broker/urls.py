@@ -34,7 +34,7 @@ from consumers.api import (
     ResumeConsumerView,
     SigningSecretView,
 )
-from jobs.api.dlq import DeadLetterQueueView
+from jobs.api.dlq import DeadLetterActionView, DeadLetterQueueView
 from jobs.api.metrics import MetricsView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
 from jobs.api.pull_report import ReportView
@@ -90,6 +90,7 @@ urlpatterns = [
     path(f"{CONSUMER}/job/<key:job_id>", JobView.as_view()),
     path(f"{CONSUMER}/job/<key:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
     path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),
+    path(f"{CONSUMER}/dlq/action/<key:action_id>", DeadLetterActionView.as_view()),
     path(f"{CONSUMER}/secret", SigningSecretView.as_view()),
     path(f"{CONSUMER}/pause", PauseConsumerView.as_view()),
     path(f"{CONSUMER}/resume", ResumeConsumerView.as_view()),

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from broker.conf import broker_settings
 from broker.models import Message
+from jobs import partitions
 from jobs.models import Job
 from jobs.states import DELIVERED
 
@@ -27,12 +28,21 @@ def purge_delivered(days: int | None = None) -> int:
 
     Dead, queued and in-flight jobs keep their message: they are the work left, and the DLQ.
     Messages that had no consumer (ACKNOWLEDGED) go by age alone; scheduled ones never do.
+    On PostgreSQL the jobs and attempts go by time partition (jobs/partitions.py), so a delivered
+    job can outlive the retention by up to BROKER_PARTITION_DAYS; its message goes after it.
     """
     days = broker_settings.BROKER_RETENTION_DAYS if days is None else days
     if not days:
         return 0
-    cutoff = timezone.now() - timedelta(days=days)
-    unfinished = Job.objects.filter(message=OuterRef("pk")).exclude(status=DELIVERED)
+    now = timezone.now()
+    cutoff = now - timedelta(days=days)
+    unfinished = Job.objects.filter(message=OuterRef("pk"))
+    if partitions.is_partitioned(partitions.JOBS):
+        # Jobs go with their time partitions and a message once it has none left: deleting
+        # delivered jobs row by row is what the partitions are there to avoid.
+        partitions.retire_partitions(now, days)
+    else:
+        unfinished = unfinished.exclude(status=DELIVERED)
     old = (
         Message.objects.filter(received_at__lt=cutoff)
         .exclude(status=Message.Status.SCHEDULED)

@@ -3,22 +3,23 @@
 Two sources, because deliveries happen in dispatcher processes and the API in web processes:
 - each dispatcher counts its own deliveries and times them, served on its `--metrics-port`;
 - the web app's `/metrics` reports the state of the queue, read from the database at scrape time
-  (queued, in flight and dead jobs per consumer; each dispatcher's heartbeat totals).
+  (queued, in flight and dead jobs per consumer, counted as /job-status counts them:
+  jobs/status_summary.py; each dispatcher's heartbeat totals).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from django.db.models import Count
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from consumers.models import Consumer
-from jobs.models import DispatcherHeartbeat, Job
+from jobs.models import DispatcherHeartbeat
 from jobs.states import DEAD, INFLIGHT, QUEUED
+from jobs.status_summary import JobCounts, status_counts
 
 # --- in each dispatcher process -----------------------------------------------------------------
 DELIVERIES = Counter(
@@ -41,7 +42,8 @@ class QueueCollector(Collector):
         consumers = list(Consumer.objects.only("channel_id", "public_id", *CONSUMER_STATE))
         names = {consumer.pk: (consumer.channel_id, consumer.public_id) for consumer in consumers}
         yield from _consumer_states(consumers)
-        counts = {status: _counts_per_consumer(status) for status in self.STATES.values()}
+        counted = status_counts(self.STATES.values(), times=False)
+        counts = _counts_per_consumer(counted)
         for name, status in self.STATES.items():
             family = GaugeMetricFamily(
                 f"broker_jobs_{name}",
@@ -53,6 +55,7 @@ class QueueCollector(Collector):
                     family.add_metric(list(names[consumer_id]), count)
             yield family
         yield from _upstream_names(names, counts[QUEUED], counts[DEAD])
+        yield from _summary_age(counted)
         yield from self._dispatchers()
 
     def _dispatchers(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -78,17 +81,34 @@ class QueueCollector(Collector):
         yield from (in_flight, seen, outcomes)
 
 
-def _counts_per_consumer(status: str) -> dict[int, int]:
-    """Jobs in `status` per consumer key, counted through the partial index of that status."""
-    rows = (
-        Job.objects.filter(status=status)
-        .values("consumer")
-        # COUNT(*), not COUNT(id): the partial index of the status holds no id, so counting ids
-        # read the whole table (1.3 s at 5,000,000 dead jobs) where this reads the index alone.
-        .annotate(n=Count("*"))
-        .values_list("consumer", "n")
+def _counts_per_consumer(counted: JobCounts) -> dict[str, dict[int, int]]:
+    """Status -> consumer key -> its jobs in that status."""
+    counts: dict[str, dict[int, int]] = {status: {} for status in QueueCollector.STATES.values()}
+    for count in counted.counts:
+        counts[count.status][count.consumer_id] = count.count
+    return counts
+
+
+def _summary_age(counted: JobCounts) -> Iterator[GaugeMetricFamily]:
+    """When the job status summary was refreshed, once it has been: the gauges above come from it
+    for the statuses too large to count at each scrape (docs/api.md), so an alert on its age
+    catches a housekeeping cluster that stopped."""
+    if counted.refreshed_at is None:
+        return
+    refreshed = GaugeMetricFamily(
+        "broker_job_status_summary_refreshed_timestamp_seconds",
+        "When the job status summary last counted the jobs.",
     )
-    return dict(rows)
+    refreshed.add_metric([], counted.refreshed_at.timestamp())
+    yield refreshed
+    summarised = GaugeMetricFamily(
+        "broker_job_status_summary_in_use",
+        "1 for a status whose counts come from the summary, 0 for one counted at the scrape.",
+        labels=["status"],
+    )
+    for status in QueueCollector.STATES.values():
+        summarised.add_metric([status], float(status in counted.summarised))
+    yield summarised
 
 
 def _upstream_names(

@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db import connection
+from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from consumers.models import Consumer
@@ -81,7 +82,7 @@ _STATUS_TOTALS_SQL = ", ".join(
 
 def status_totals(limit: int = TOTAL_LIMIT) -> QueueDepth:
     """Queued, in-flight and dead jobs of every consumer, each counted up to `limit` + 1."""
-    with connection.cursor() as cursor:
+    with _reading().cursor() as cursor:
         cursor.execute(f"SELECT {_STATUS_TOTALS_SQL}", {"bound": limit + 1})
         queued, in_flight, dead = cursor.fetchone() or (0, 0, 0)
     return QueueDepth(
@@ -91,7 +92,7 @@ def status_totals(limit: int = TOTAL_LIMIT) -> QueueDepth:
 
 def queue_depths(limit: int = COUNT_LIMIT) -> dict[int, QueueDepth]:
     """Per consumer ID: its queued, in-flight and dead jobs, each counted up to `limit` + 1."""
-    with connection.cursor() as cursor:
+    with _reading().cursor() as cursor:
         cursor.execute(_QUEUE_DEPTH_SQL, {"bound": limit + 1})
         rows = cursor.fetchall()
     return {
@@ -134,9 +135,15 @@ def next_due_times(consumer_id: int | None = None) -> dict[int, datetime | None]
     sql, parameters = _NEXT_DUE_SQL, {}
     if consumer_id is not None:
         sql, parameters = f"{sql} WHERE c.id = %(consumer)s", {"consumer": consumer_id}
-    with connection.cursor() as cursor:
+    with _reading().cursor() as cursor:
         cursor.execute(sql, parameters)
         return {pk: _as_datetime(due) for pk, due in cursor.fetchall()}
+
+
+def _reading() -> BaseDatabaseWrapper:
+    """The database these counts are read from: the read replica in a request that may read
+    there (broker/db_routing.py), else the primary. Raw SQL is not routed by itself."""
+    return connections[router.db_for_read(Job)]
 
 
 def _as_datetime(value: datetime | str | None) -> datetime | None:

@@ -148,3 +148,10 @@ def at_once(*work: Callable[[], object], timeout: float = 60) -> None:
     assert not any(thread.is_alive() for thread in threads), f"still running after {timeout} s"
     if errors:
         raise errors[0]
+
+
+def scans_a_table(plan: str) -> bool:
+    """Whether an EXPLAIN plan reads a table with rows sequentially. The planner may scan the
+    empty time partitions (jobs/partitions.py) of a partitioned table: their cost is 0."""
+    scans = [line for line in plan.splitlines() if "Seq Scan" in line]
+    return any("cost=0.00..0.00 " not in scan for scan in scans)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, Min, Q
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
@@ -114,37 +115,50 @@ class MessagesStatusView(APIView):
     @extend_schema(responses={200: MessagesStatusSerializer})
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
-        # One grouped query: per status, its messages, how many of them were scheduled, and
-        # (for SCHEDULED) the earliest due time.
-        rows = (
-            Message.objects.filter(channel=channel)
-            .values("status")
-            .annotate(
-                n=Count("pk"),
-                scheduled=Count("pk", filter=Q(scheduled_for__isnull=False)),
-                next_due=Min("scheduled_for"),
-            )
-        )
+        found = _message_counts(channel)
+        waiting = found[Message.Status.SCHEDULED]
         counts: dict[str, Any] = {}
-        released = 0
         body: dict[str, Any] = {"counts": counts}
-        for row in rows:
-            if row["status"] == Message.Status.SCHEDULED:
-                counts[f"SCHEDULED_{PENDING}"] = _count(
-                    row["n"], scheduled_messages_url(channel.pk, PENDING)
+        for name, number in STATUS_NUMBERS.items():
+            if found[name]:
+                counts[name] = _count(
+                    found[name], f"/channel/{channel.pk}/messages?status={number}"
                 )
-                body["next_scheduled_message_at"] = row["next_due"]
-                continue
-            number = STATUS_NUMBERS[row["status"]]
-            counts[row["status"]] = _count(
-                row["n"], f"/channel/{channel.pk}/messages?status={number}"
+        if waiting:
+            counts[f"SCHEDULED_{PENDING}"] = _count(
+                waiting, scheduled_messages_url(channel.pk, PENDING)
             )
-            released += row["scheduled"]
+            body["next_scheduled_message_at"] = found["next_due"]
+        # Every message published for later is either still waiting or was released.
+        released = found["ever_scheduled"] - waiting
         if released:
             counts[f"SCHEDULED_{RELEASED}"] = _count(
                 released, scheduled_messages_url(channel.pk, RELEASED)
             )
         return Response(MessagesStatusSerializer(body).data)
+
+
+def _message_counts(channel: Channel) -> dict[str, Any]:
+    """The channel's messages per status, those ever scheduled, and the earliest due time of the
+    waiting ones: one statement (one snapshot), each part answered by an index alone:
+    message_channel_status_idx, message_channel_scheduled_idx, message_channel_pending_idx
+    (broker/models.py). Grouping by status with a count of the scheduled ones read every message
+    of the channel from the table (584 ms at 25,000,000 jobs, docs/performance.md)."""
+    of_channel = Message.objects.filter(channel=OuterRef("pk")).order_by()
+    counted = {s.value: _counted(of_channel.filter(status=s)) for s in Message.Status}
+    waiting = of_channel.filter(status=Message.Status.SCHEDULED).order_by("scheduled_for")
+    found = Channel.objects.filter(pk=channel.pk).values(
+        **counted,
+        ever_scheduled=_counted(of_channel.filter(scheduled_for__isnull=False)),
+        next_due=Subquery(waiting.values("scheduled_for")[:1]),
+    )
+    return dict(found.get())
+
+
+def _counted(messages: QuerySet[Message]) -> Coalesce:
+    """COUNT(*) of `messages` (of the outer query's channel) as a scalar subquery; 0 for none."""
+    count = messages.values("channel").annotate(n=Count("*")).values("n")
+    return Coalesce(Subquery(count), 0)
 
 
 def _count(count: int, url: str) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from broker.settings_catalog.kinds import (
     Text,
 )
 from broker.settings_catalog.server_environment import (
+    DATABASE_JIT_MODES,
     DEFAULT_DATABASE_URL,
     INSECURE_DEFAULT_SECRET_KEY,
     LOG_FORMATS,
@@ -55,6 +56,7 @@ from broker.settings_catalog.setting import (
     BROKER,
     GATEWAY,
     RATE_LIMIT,
+    READ_REPLICA,
     SECTIONS,
     STORE,
     Setting,
@@ -64,12 +66,14 @@ from broker.settings_catalog.setting import (
 
 __all__ = [
     "BROKER",
+    "DATABASE_JIT_MODES",
     "DEFAULT_DATABASE_URL",
     "GATEWAY",
     "GATEWAY_AUTH_MODES",
     "INSECURE_DEFAULT_SECRET_KEY",
     "LOG_FORMATS",
     "RATE_LIMIT",
+    "READ_REPLICA",
     "SECTIONS",
     "STORE",
     "BrokerSettings",

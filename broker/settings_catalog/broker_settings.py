@@ -146,6 +146,28 @@ class BrokerSettings(SettingGroup, section=BROKER):
         "housekeeping deletes fully delivered messages older than this, with their jobs and"
         " attempts (0 keeps them for ever); also `spark_etl archive`'s age limit",
     )
+    BROKER_PARTITION_DAYS = Setting(
+        Integer(minimum=1),
+        1,
+        "PostgreSQL: the days of jobs (and attempts) each time partition holds; retention drops"
+        " whole partitions ([scaling](scaling.md#partitions))",
+    )
+    BROKER_LIVE_COUNT_MAX_JOBS = Setting(
+        Integer(minimum=0),
+        1_000_000,
+        "`/job-status` counts DELIVERED jobs on each request (a read of the whole jobs table)"
+        " while PostgreSQL estimates the table below this many jobs; from then on they come from"
+        " the job status summary, refreshed every 5 minutes (`refreshedAt`); `0`: always the"
+        " summary ([api.md](api.md#job-counts-live-or-from-the-summary))",
+    )
+    BROKER_LIVE_COUNT_MAX_STATUS_JOBS = Setting(
+        Integer(minimum=0),
+        2_000_000,
+        "QUEUED, INFLIGHT and DEAD jobs (`/job-status`, `/dlq-status`, `/metrics`) are counted on"
+        " each request, from the status's own index, while PostgreSQL estimates that index below"
+        " this many jobs (about 0.1 s a million on 2 cores); above, they come from the job status"
+        " summary; `0`: always the summary",
+    )
     BROKER_GATEWAY_AUTH_MODE = Setting(
         Choice(GATEWAY_AUTH_MODES),
         "none",

@@ -22,35 +22,35 @@ class DatabaseUrl:
     options: dict[str, str] = field(default_factory=dict)  # the query: libpq options
 
 
-def parse_database_url(url: str) -> DatabaseUrl:
+def parse_database_url(url: str, variable: str = "DATABASE_URL") -> DatabaseUrl:
     """`sqlite:///relative.sqlite3`, `sqlite:////absolute/path.sqlite3`, `sqlite://:memory:`, or
-    `postgres://user:password@host:port/name?sslmode=require`. Messages never echo the URL,
-    which may hold a password."""
+    `postgres://user:password@host:port/name?sslmode=require`. Messages name `variable` (the
+    read replica's URL has the same forms) and never echo the URL, which may hold a password."""
     parts = urlsplit(url)
     if parts.scheme == "sqlite":
-        return DatabaseUrl(engine="sqlite", name=_sqlite_name(parts))
+        return DatabaseUrl(engine="sqlite", name=_sqlite_name(parts, variable))
     if parts.scheme in {"postgres", "postgresql"}:
-        return _postgres_url(parts)
+        return _postgres_url(parts, variable)
     raise ConfigError(
-        f"DATABASE_URL scheme {parts.scheme!r} is not supported (use sqlite:// or postgres://)."
+        f"{variable} scheme {parts.scheme!r} is not supported (use sqlite:// or postgres://)."
     )
 
 
-def _sqlite_name(parts: SplitResult) -> str:
+def _sqlite_name(parts: SplitResult, variable: str) -> str:
     if parts.netloc == ":memory:":
         return ":memory:"
     if parts.path.startswith("/") and len(parts.path) > 1:
         return parts.path[1:]  # sqlite:///x.db -> "x.db"; sqlite:////abs/x.db -> "/abs/x.db"
-    raise ConfigError("DATABASE_URL for SQLite needs a file: sqlite:///broker.sqlite3")
+    raise ConfigError(f"{variable} for SQLite needs a file: sqlite:///broker.sqlite3")
 
 
-def _postgres_url(parts: SplitResult) -> DatabaseUrl:
+def _postgres_url(parts: SplitResult, variable: str) -> DatabaseUrl:
     if not parts.path.strip("/"):
-        raise ConfigError("DATABASE_URL for PostgreSQL needs a database name.")
+        raise ConfigError(f"{variable} for PostgreSQL needs a database name.")
     try:
         port = parts.port
     except ValueError:
-        raise ConfigError("DATABASE_URL has an invalid port.") from None
+        raise ConfigError(f"{variable} has an invalid port.") from None
     return DatabaseUrl(
         engine="postgresql",
         name=unquote(parts.path.strip("/")),

@@ -5,12 +5,14 @@ Django's settings from them."""
 from __future__ import annotations
 
 from broker.settings_catalog.kinds import Choice, Flag, Integer, Items, Number, Text
-from broker.settings_catalog.setting import BROKER, STORE, Setting, SettingGroup
+from broker.settings_catalog.setting import BROKER, READ_REPLICA, STORE, Setting, SettingGroup
 
 DEFAULT_DATABASE_URL = "sqlite:///broker.sqlite3"
 # Flagged by `manage.py check --deploy` (security.W009) because of its prefix: never run with it.
 INSECURE_DEFAULT_SECRET_KEY = "django-insecure-webhook-broker-development-key-do-not-deploy"  # noqa: S105
 LOG_FORMATS = ("text", "json")
+# DATABASE_JIT: JIT off on the broker's connections, or the server's own setting left alone.
+DATABASE_JIT_MODES = ("off", "server")
 
 
 class ServerEnvironment(SettingGroup, section=STORE):
@@ -58,6 +60,24 @@ class ServerEnvironment(SettingGroup, section=STORE):
         True,
         "PostgreSQL: server-side binding and prepared statements (halves the database's CPU per"
         " broadcast); set `false` behind a pooler in transaction mode that cannot carry them",
+    )
+    DATABASE_JIT = Setting(
+        Choice(DATABASE_JIT_MODES),
+        "off",
+        "PostgreSQL: `off` turns JIT compilation off for the broker's own connections (libpq's"
+        " `options=-c jit=off`); at 25,000,000 jobs JIT made the dispatcher's claim 40 times"
+        " slower ([below](#jit)). `server`: keep the server's setting; behind PgBouncer, which"
+        " refuses `options`, set `ALTER DATABASE … SET jit = off` and this to `server`",
+    )
+    BROKER_READ_DATABASE_URL = Setting(
+        Text(),
+        "",
+        "a streaming replica of the `DATABASE_URL` server, as a `postgres://` URL of the same"
+        " form: the reads that may be a moment old (the UI's pages, the admin API's lists and"
+        " summaries, `/metrics`) go there, everything else to `DATABASE_URL`"
+        " ([below](#read-replica)). Unset: one database",
+        section=READ_REPLICA,
+        shown_default="unset",
     )
     DJANGO_SECRET_KEY = Setting(
         Text(),

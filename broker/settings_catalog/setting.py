@@ -14,10 +14,11 @@ T = TypeVar("T")
 
 # The tables of docs/configuration.md, in the page's order: every setting appears in one.
 STORE = "store"
+READ_REPLICA = "read-replica"
 BROKER = "broker"
 GATEWAY = "gateway"
 RATE_LIMIT = "rate-limit"
-SECTIONS = (STORE, BROKER, GATEWAY, RATE_LIMIT)
+SECTIONS = (STORE, READ_REPLICA, BROKER, GATEWAY, RATE_LIMIT)
 
 
 class Setting(Generic[T]):

@@ -80,6 +80,13 @@ def job_id(text: str) -> str:
     return text
 
 
+def action_id(text: str) -> str:
+    """A requeue's or delete's ID, as its page's URL has it (an xid, DeadLetterAction.public_id)."""
+    if key_of_xid(text) is None:
+        raise ValueError("Give an action ID: 20 characters of 0-9 and a-v.")
+    return text
+
+
 def moment(text: str) -> datetime:
     """An ISO 8601 date-time with its offset, as a cursor carries it; within the allowed range."""
     try:
@@ -184,6 +191,7 @@ PATH_SEGMENTS: dict[str, Callable[[str], Any]] = {
     "message_id": message_id,
     "job_id": job_id,
     "message_pk": primary_key,
+    "action_id": action_id,
 }
 
 

@@ -1,4 +1,5 @@
-"""A consumer's dead-letter queue: list, requeue (all or since T), purge (docs/api.md)."""
+"""A consumer's dead-letter queue: list, requeue (all or since T), purge, and the progress of a
+requeue or purge too big for its request (docs/api.md, "Dead-letter queue")."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.auth import is_broker_admin
+from broker.api.auth import IsBrokerAdmin, is_broker_admin
 from broker.api.errors import ApiError
 from broker.api.pagination import paginate
 from broker.api.serializers import PagesSerializer, read_form
@@ -20,7 +21,8 @@ from consumers.models import Consumer
 from jobs.api.access import authorized_consumer
 from jobs.api.pull import TOKEN_HEADERS
 from jobs.api.serializers import JobLinksSerializer
-from jobs.models import Job, delete_jobs
+from jobs.dlq_actions import PURGE, REQUEUE, act_on_queue
+from jobs.models import DeadLetterAction, Job
 from jobs.states import DEAD
 
 
@@ -34,12 +36,55 @@ class RequeueForm(serializers.Serializer[Any]):
     since = serializers.DateTimeField(required=False, help_text="only jobs that died after this")
 
 
+# Wire names: the lower camel case of the DLQ's answers (requeuedCount, deletedCount).
+class DeadLetterActionSerializer(serializers.Serializer[DeadLetterAction]):
+    """Extension: a requeue or purge that outlasted its request, and how far it got."""
+
+    id = serializers.CharField(source="public_id")
+    action = serializers.ChoiceField(source="kind", choices=DeadLetterAction.Kind.choices)
+    state = serializers.ChoiceField(choices=DeadLetterAction.State.choices)
+    channelId = serializers.CharField(source="consumer.channel_id")  # noqa: N815
+    consumerId = serializers.CharField(source="consumer.public_id")  # noqa: N815
+    since = serializers.DateTimeField(allow_null=True)
+    diedBefore = serializers.DateTimeField(source="died_before")  # noqa: N815
+    doneCount = serializers.IntegerField(source="done")  # noqa: N815
+    estimatedCount = serializers.IntegerField(source="estimated_total", allow_null=True)  # noqa: N815
+    batches = serializers.IntegerField()
+    error = serializers.CharField()
+    createdAt = serializers.DateTimeField(source="created_at")  # noqa: N815
+    updatedAt = serializers.DateTimeField(source="updated_at")  # noqa: N815
+    finishedAt = serializers.DateTimeField(source="finished_at", allow_null=True)  # noqa: N815
+
+
+GOES_ON = "extension: a requeue or purge that goes on in the background (Location is its URL)"
+
+
 class RequeuedSerializer(serializers.Serializer[Any]):
     requeuedCount = serializers.IntegerField()  # noqa: N815 (wire name)
+    action = DeadLetterActionSerializer(required=False, help_text=GOES_ON)
 
 
 class DeletedSerializer(serializers.Serializer[Any]):
     deletedCount = serializers.IntegerField()  # noqa: N815 (wire name)
+
+
+class PurgeGoesOnSerializer(DeletedSerializer):
+    action = DeadLetterActionSerializer(help_text=GOES_ON)
+
+
+def action_url(action: DeadLetterAction) -> str:
+    consumer = f"/channel/{action.consumer.channel_id}/consumer/{action.consumer.public_id}"
+    return f"{consumer}/dlq/action/{action.public_id}"
+
+
+def answer(action: DeadLetterAction, count_field: str, finished_status: int) -> Response:
+    """A finished action as webhook-broker answers; one that goes on, 202 with its progress and
+    its URL in Location."""
+    if action.finished:
+        return Response({count_field: action.done}, status=finished_status)
+    body = {count_field: action.done, "action": DeadLetterActionSerializer(action).data}
+    headers = {"Location": action_url(action)}
+    return Response(body, status=status.HTTP_202_ACCEPTED, headers=headers)
 
 
 class DeadLetterQueueView(APIView):
@@ -70,14 +115,35 @@ class DeadLetterQueueView(APIView):
             raise ApiError(
                 status.HTTP_400_BAD_REQUEST, "The requeue form field must be the consumer's token."
             )
-        dead = Job.objects.filter(consumer=consumer)
-        if "since" in form:
-            dead = dead.filter(status_changed_at__gte=form["since"])
-        return Response({"requeuedCount": dead.requeue_dead()}, status=status.HTTP_202_ACCEPTED)
+        action = act_on_queue(consumer, REQUEUE, since=form.get("since"))
+        return answer(action, "requeuedCount", status.HTTP_202_ACCEPTED)
 
-    @extend_schema(parameters=TOKEN_HEADERS, responses={200: DeletedSerializer})
+    @extend_schema(
+        parameters=TOKEN_HEADERS, responses={200: DeletedSerializer, 202: PurgeGoesOnSerializer}
+    )
     def delete(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         consumer = authorized_consumer(
             request, channel_id, consumer_id, pull_only=False, unknown_consumer_status=404
         )
-        return Response({"deletedCount": delete_jobs(consumer.jobs.filter(status=DEAD))})
+        return answer(act_on_queue(consumer, PURGE), "deletedCount", status.HTTP_200_OK)
+
+
+class DeadLetterActionView(APIView):
+    """Extension: the progress of a requeue or purge of the DLQ that went on in the background."""
+
+    # An admin, or the channel and consumer tokens (as the purge): checked in `get`.
+    permission_classes: Sequence[Any] = []
+
+    @extend_schema(parameters=TOKEN_HEADERS, responses={200: DeadLetterActionSerializer})
+    def get(self, request: Request, channel_id: str, consumer_id: str, action_id: str) -> Response:
+        if IsBrokerAdmin().has_permission(request, self):
+            consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
+        else:
+            consumer = authorized_consumer(
+                request, channel_id, consumer_id, pull_only=False, unknown_consumer_status=404
+            )
+        action = DeadLetterAction.named(action_id).filter(consumer=consumer).first()
+        if action is None:
+            raise ApiError(status.HTTP_404_NOT_FOUND, "Dead-letter action could not be found.")
+        action.consumer = consumer  # the one the request named: not read again
+        return Response(DeadLetterActionSerializer(action).data)

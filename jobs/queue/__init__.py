@@ -13,9 +13,10 @@ them, and of the rules those follow (jobs/queue/rules.py).
 
 Each operation runs on PostgreSQL as the statements of jobs/queue/postgres.py and elsewhere
 through the ORM (jobs/queue/portable.py); which one is the only question of database vendor a
-caller never asks. Requeues from the dead-letter queue, and a pull consumer's report on one job
-that is not the common INFLIGHT -> DELIVERED or DEAD, are single state changes: the state
-machine's own (jobs/models.py, jobs/states.py).
+caller never asks. Requeues of single dead jobs, and a pull consumer's report on one job that is
+not the common INFLIGHT -> DELIVERED or DEAD, are single state changes: the state machine's own
+(jobs/models.py, jobs/states.py). Requeue and purge of many dead jobs go in batches:
+jobs/queue/dead_jobs.py (driven by jobs/dlq_actions.py).
 """
 
 from __future__ import annotations

@@ -134,7 +134,9 @@ class PortableQueue(PortablePullOperations):
             )
             send_at = _book_slots([c for c in room if c.max_per_second], taken, now)
         rows = Job.objects.filter(pk__in=ids, status=INFLIGHT).values_list(*CLAIM_COLUMNS)
-        return [replace(ClaimedJob.from_row(row), send_at=send_at.get(row[0])) for row in rows]
+        order = {pk: position for position, pk in enumerate(ids)}  # the claim's, not the scan's
+        claimed = sorted(rows, key=lambda row: order[row[0]])
+        return [replace(ClaimedJob.from_row(row), send_at=send_at.get(row[0])) for row in claimed]
 
     def record_deliveries(
         self, results: list[AttemptResult], dispatcher_id: str, now: datetime

@@ -60,6 +60,9 @@ EXPECTED_KINDS = {
     "BROKER_PAYLOAD_STORAGE": Text(),
     "BROKER_ENCRYPTION_KEYS": Items(),
     "BROKER_RETENTION_DAYS": Integer(minimum=0),
+    "BROKER_PARTITION_DAYS": Integer(minimum=1),
+    "BROKER_LIVE_COUNT_MAX_JOBS": Integer(minimum=0),
+    "BROKER_LIVE_COUNT_MAX_STATUS_JOBS": Integer(minimum=0),
     "BROKER_GATEWAY_AUTH_MODE": Choice(("none", "hmac")),
     "BROKER_GATEWAY_HMAC_SECRET": Text(),
     "BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS": Integer(minimum=1),
@@ -72,6 +75,8 @@ EXPECTED_KINDS = {
     "DATABASE_POOL_TIMEOUT": Number(minimum=0.1, maximum=3600.0),
     "DATABASE_CONN_MAX_AGE": Integer(minimum=0),
     "DATABASE_PREPARED_STATEMENTS": Flag(),
+    "DATABASE_JIT": Choice(("off", "server")),
+    "BROKER_READ_DATABASE_URL": Text(),
     "DJANGO_SECRET_KEY": Text(),
     "DJANGO_DEBUG": Flag(),
     "DJANGO_ALLOWED_HOSTS": Items(),
@@ -317,6 +322,19 @@ def test_manage_py_stops_with_one_line_on_a_bad_value(command):
         ({"DATABASE_URL": "mysql://root@db/broker"}, "DATABASE_URL scheme 'mysql' is not"),
         ({"BROKER_GATEWAY_AUTH_MODE": "hmac"}, "BROKER_GATEWAY_HMAC_SECRET must be"),
         ({"DATABASE_POOL_MAX_SIZE": "1", "DATABASE_URL": "postgres:///x"}, "DATABASE_POOL_MAX_"),
+        ({"DATABASE_JIT": "maybe"}, "DATABASE_JIT='maybe' is not one of off, server."),
+        (
+            {"DATABASE_URL": "postgres:///x", "BROKER_READ_DATABASE_URL": "mysql://u:hunter2@r/x"},
+            "BROKER_READ_DATABASE_URL scheme 'mysql' is not supported",
+        ),
+        (
+            {"DATABASE_URL": "postgres:///x", "BROKER_READ_DATABASE_URL": "postgres://r:5/"},
+            "BROKER_READ_DATABASE_URL for PostgreSQL needs a database name.",
+        ),
+        (
+            {"BROKER_READ_DATABASE_URL": "postgres://u:hunter2@replica/broker"},
+            "BROKER_READ_DATABASE_URL is a streaming replica of DATABASE_URL's PostgreSQL server",
+        ),
         (
             {"DJANGO_SECRET_KEY": "hunter2", "DJANGO_SECRET_KEY_FILE": "/hunter2"},
             "Set either DJANGO_SECRET_KEY or DJANGO_SECRET_KEY_FILE",

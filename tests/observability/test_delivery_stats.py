@@ -33,7 +33,7 @@ from jobs.stats import (
     recent,
     refresh_delivery_stats,
 )
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import make_channel, make_consumer, make_producer, scans_a_table
 
 pytestmark = pytest.mark.django_db
 
@@ -395,6 +395,6 @@ def test_the_refresh_reads_only_its_window_through_the_started_at_index(history)
     plan = attempt_counts(window, window + timedelta(minutes=3)).explain()
 
     assert "attempt_started_idx" in plan
-    assert "Seq Scan" not in plan, plan
+    assert not scans_a_table(plan), plan
     assert refresh_delivery_stats(now=NOW) == 200_000  # first run: everything still kept
     assert sum(row.attempts for row in DeliveryStats.objects.filter(span=HOUR)) == 200_000

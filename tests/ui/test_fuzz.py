@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from broker import publish
 from broker.ui.urls import urlpatterns
+from jobs import dlq_actions
 from jobs.models import DeliveryReport, Job
 from jobs.states import DEAD
 from tests.conftest import FORM
@@ -163,7 +164,7 @@ def rows(clock, settings) -> dict[str, object]:
     settings.BROKER_ADMIN_TOKENS = [ADMIN_TOKEN]
     channel = make_channel("orders")
     make_producer("shop")
-    make_consumer(channel, "billing")
+    billing = make_consumer(channel, "billing")
     message = publish(channel, b"{}", producer="shop", message_id="m-1")
     Job.objects.filter(message=message).update(status=DEAD)
     publish(channel, b"{}", producer="shop", message_id="later", scheduled_for=NOW + timedelta(1))
@@ -179,6 +180,7 @@ def rows(clock, settings) -> dict[str, object]:
         "periodic_id": "tick",
         "job_id": Job.objects.get(message=message).public_id,
         "message_pk": message.pk,
+        "action_id": dlq_actions.start(billing, dlq_actions.REQUEUE).public_id,
     }
 
 

@@ -19,9 +19,33 @@ SCHEDULES: dict[str, dict[str, Any]] = {
         "schedule_type": Schedule.CRON,
         "cron": "47 3 * * *",
     },
+    # PostgreSQL's time partitions of jobs and attempts: made ahead, dropped past retention
+    # (jobs/partitions.py, docs/scaling.md).
+    "broker: maintain partitions": {
+        "func": "jobs.partitions.maintain_partitions",
+        "schedule_type": Schedule.CRON,
+        "cron": "7 * * * *",  # hourly
+    },
     # The dashboard's per-minute delivery statistics (jobs/stats.py, docs/ui-dashboard.md).
     "broker: refresh delivery stats": {
         "func": "jobs.stats.refresh_delivery_stats",
+        "schedule_type": Schedule.MINUTES,
+        "minutes": 1,
+        "cron": None,
+    },
+    # The per-consumer job counts that /job-status, /dlq-status and /metrics read once the jobs
+    # are too many to count at every request (jobs/status_summary.py, docs/api.md): a read of
+    # the whole jobs table, about 3 s at 25,000,000 jobs, so not every minute.
+    "broker: refresh job status summary": {
+        "func": "jobs.status_summary.refresh_job_status_summary",
+        "schedule_type": Schedule.MINUTES,
+        "minutes": 5,
+        "cron": None,
+    },
+    # Requeues and purges of big dead-letter queues whose runner is gone (a crash, a restart)
+    # go on from their last batch (jobs/dlq_actions.py, docs/api.md "Dead-letter queue").
+    "broker: resume dead-letter actions": {
+        "func": "jobs.dlq_actions.resume_actions",
         "schedule_type": Schedule.MINUTES,
         "minutes": 1,
         "cron": None,
