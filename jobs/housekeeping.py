@@ -29,7 +29,8 @@ def purge_delivered(days: int | None = None) -> int:
     Dead, queued and in-flight jobs keep their message: they are the work left, and the DLQ.
     Messages that had no consumer (ACKNOWLEDGED) go by age alone; scheduled ones never do.
     On PostgreSQL the jobs and attempts go by time partition (jobs/partitions.py), so a delivered
-    job can outlive the retention by up to BROKER_PARTITION_DAYS; its message goes after it.
+    job can outlive the retention by up to BROKER_PARTITION_DAYS; its message goes after it. Where
+    `spark_etl archive` runs, this deletes nothing: the archive deletes what it has copied.
     """
     days = broker_settings.BROKER_RETENTION_DAYS if days is None else days
     if not days:
@@ -38,6 +39,8 @@ def purge_delivered(days: int | None = None) -> int:
     cutoff = now - timedelta(days=days)
     unfinished = Job.objects.filter(message=OuterRef("pk"))
     if partitions.is_partitioned(partitions.JOBS):
+        if partitions.archive_owns_retention():
+            return 0  # spark_etl archive deletes old messages, once they are in Parquet
         # Jobs go with their time partitions and a message once it has none left: deleting
         # delivered jobs row by row is what the partitions are there to avoid.
         partitions.retire_partitions(now, days)

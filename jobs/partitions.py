@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from broker.conf import broker_settings
 from jobs.states import DEAD, DELIVERED, QUEUED
+from spark_etl.tables import ARCHIVE_REGISTRATION, WATERMARK
 
 logger = logging.getLogger(__name__)
 
@@ -302,6 +303,13 @@ def retire_partitions(now: datetime, days: int | None = None) -> list[str]:
     if not is_partitioned(JOBS) or not days:
         return []
     cutoff = now - timedelta(days=days)
+    if archive_owns_retention():
+        # The archive takes partitions whose jobs are all finished: only queued jobs are carried
+        # out of its way (dead ones are archived, as the DLQ's history), and nothing is dropped.
+        for partition in partitions(JOBS):
+            if partition.end <= cutoff:
+                carry_forward(partition.name, partition.end, now, statuses=(QUEUED,))
+        return []
     dropped: list[str] = []
     for partition in partitions(JOBS):
         if partition.end <= cutoff:
@@ -315,29 +323,60 @@ def retire_partitions(now: datetime, days: int | None = None) -> list[str]:
     return dropped
 
 
-def carry_forward(relation: str, before: datetime, now: datetime) -> int:
-    """Move the QUEUED and DEAD jobs of the partition `relation` placed before `before` to
-    `now`'s partition, CARRY_BATCH jobs per transaction; rows another transaction holds are
-    skipped and carried on a later run. Return how many were moved."""
+def archive_owns_retention() -> bool:
+    """Whether `spark_etl archive` runs on this database (each run registers itself in its
+    watermark table; `install_schedules --no-spark` forgets it). Then the archive, not this
+    module, drops old partitions: after copying them to Parquet."""
+    if not supported():
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [WATERMARK])
+        if not cursor.fetchone()[0]:
+            return False
+        cursor.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {WATERMARK} WHERE name = %s)",  # noqa: S608
+            [ARCHIVE_REGISTRATION],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def forget_archive() -> bool:
+    """Give retention back to housekeeping (the archive no longer runs); False if it had it."""
+    if not archive_owns_retention():
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {WATERMARK} WHERE name = %s",  # noqa: S608
+            [ARCHIVE_REGISTRATION],
+        )
+    return True
+
+
+def carry_forward(
+    relation: str, before: datetime, now: datetime, statuses: tuple[str, ...] = (QUEUED, DEAD)
+) -> int:
+    """Move the jobs of the partition `relation` placed before `before` whose status is one of
+    `statuses` to `now`'s partition, CARRY_BATCH jobs per transaction; rows another transaction
+    holds are skipped and carried on a later run. Return how many were moved."""
     moved = 0
-    while batch := _carry_batch(relation, before, now):
+    while batch := _carry_batch(relation, before, now, statuses):
         moved += batch
     if moved:
         logger.info("partitions: carried %d unfinished jobs out of %s", moved, relation)
     return moved
 
 
-def _carry_batch(relation: str, before: datetime, now: datetime) -> int:
+def _carry_batch(relation: str, before: datetime, now: datetime, statuses: tuple[str, ...]) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE "{JOBS.name}" SET "{JOBS.key}" = %s
             WHERE id IN (
-                SELECT id FROM "{relation}" WHERE status IN (%s, %s) AND "{JOBS.key}" < %s
+                SELECT id FROM "{relation}" WHERE status = ANY(%s) AND "{JOBS.key}" < %s
                 LIMIT %s FOR UPDATE SKIP LOCKED
             ) AND "{JOBS.key}" < %s
             """,  # noqa: S608
-            [now, QUEUED, DEAD, before, CARRY_BATCH, before],
+            [now, list(statuses), before, CARRY_BATCH, before],
         )
         return int(cursor.rowcount)
 

@@ -27,6 +27,8 @@ from spark_etl.config import EtlConfig
 from spark_etl.tables import (
     ARCHIVE_BATCH,
     ARCHIVE_DELETES,
+    ARCHIVE_PARTITION,
+    ARCHIVE_REGISTRATION,
     ATTEMPT,
     JOB,
     MESSAGE,
@@ -66,6 +68,15 @@ CREATE TABLE IF NOT EXISTS {ARCHIVE_BATCH} (
 );
 CREATE INDEX IF NOT EXISTS {ARCHIVE_BATCH}_open_idx
     ON {ARCHIVE_BATCH} (id) WHERE state NOT IN ('done', 'abandoned');
+CREATE TABLE IF NOT EXISTS {ARCHIVE_PARTITION} (
+    name text PRIMARY KEY,
+    parent text NOT NULL,
+    range_start timestamptz,
+    range_end timestamptz NOT NULL,
+    state text NOT NULL,
+    rows bigint NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
 """
 
 
@@ -179,6 +190,12 @@ class Batch:
 _BATCH_COLUMNS = (
     "id, state, planned_at, message_ids, payload_files, messages, jobs, attempts, kept_message_ids"
 )
+
+
+def register_archive(conn: Connection, cutoff: datetime) -> None:
+    """Tell the broker's housekeeping that this database is archived: from now on it leaves the
+    old time partitions to the archive instead of dropping them (jobs/partitions.py)."""
+    set_watermark(conn, ARCHIVE_REGISTRATION, cutoff)
 
 
 def try_archive_lock(conn: Connection) -> bool:
@@ -301,7 +318,7 @@ def delete_archived(conn: Connection, batch: Batch, chunk: list[int]) -> tuple[i
         deletable = [row[0] for row in rows if row[1]]
         kept = [row[0] for row in rows if not row[1]]
         if deletable:
-            delete_with_references(conn, MESSAGE, sql.SQL("id = ANY(%(ids)s)"), {"ids": deletable})
+            delete_with_references(conn, MESSAGE, deletable)
         if kept:
             conn.execute(
                 f"""UPDATE {ARCHIVE_BATCH} SET kept_message_ids = ARRAY(
@@ -313,26 +330,207 @@ def delete_archived(conn: Connection, batch: Batch, chunk: list[int]) -> tuple[i
     return len(deletable), kept
 
 
-def delete_with_references(
-    conn: Connection, table: str, where: sql.Composable, params: dict[str, Any]
-) -> None:
-    """Delete the rows of `table` matching `where`, having first done to the rows that refer to
+def delete_with_references(conn: Connection, table: str, ids: list[int]) -> None:
+    """Delete the rows of `table` with these ids, having first done to the rows that refer to
     them what the models' on_delete would (tables.ARCHIVE_DELETES): cascade, or set to NULL.
 
     The broker's foreign keys have no ON DELETE in PostgreSQL, so this is the archive's copy of
-    what the ORM does; the referring rows go first, then the rows themselves.
+    what the ORM does; the referring rows go first, then the rows themselves. Referring rows are
+    found by their id lists, not by a subquery: on the partitioned tables a list is an index
+    lookup in each partition, and an empty one (jobs already dropped with their partition) costs
+    nothing, where a join could scan every partition.
     """
-    ids = sql.SQL("SELECT id FROM {} WHERE {}").format(sql.Identifier(table), where)
     for reference in ARCHIVE_DELETES[table]:
         column = sql.Identifier(reference.column)
-        referring = sql.SQL("{} IN ({})").format(column, ids)
-        if reference.on_delete is OnDelete.CASCADE:
-            delete_with_references(conn, reference.table, referring, params)
+        referring = sql.SQL("{} = ANY(%s)").format(column)
+        if reference.on_delete is OnDelete.CASCADE and ARCHIVE_DELETES[reference.table]:
+            rows = conn.execute(
+                sql.SQL("SELECT id FROM {} WHERE {}").format(
+                    sql.Identifier(reference.table), referring
+                ),
+                [ids],
+            )
+            if children := [row[0] for row in rows]:
+                delete_with_references(conn, reference.table, children)
+        elif reference.on_delete is OnDelete.CASCADE:  # nothing refers to these: delete at once
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE {}").format(
+                    sql.Identifier(reference.table), referring
+                ),
+                [ids],
+            )
         else:
             conn.execute(
                 sql.SQL("UPDATE {} SET {} = NULL WHERE {}").format(
                     sql.Identifier(reference.table), column, referring
                 ),
-                params,
+                [ids],
             )
-    conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(sql.Identifier(table), where), params)
+    conn.execute(sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(sql.Identifier(table)), [ids])
+
+
+# --- the archive by time partition -------------------------------------------------------------
+#
+# On the partitioned tables (jobs/partitions.py) the archive takes whole partitions: a partition
+# of jobs past the cutoff whose every job is DELIVERED or DEAD is detached (from then on nobody
+# can change it or add to it), copied to Parquet and dropped; a partition of attempts, likewise,
+# once every partition of jobs it could hold attempts of is archived. The manifest
+# (ARCHIVE_PARTITION) records each detached partition until it is dropped, so a crashed run's
+# partition is finished by the next run, from the step where it stopped.
+
+DETACHED = "detached"  # then WRITTEN, PUBLISHED, DONE, as a batch
+LOCK_TIMEOUT = "1s"  # the longest a detach may make the broker's writers wait for it
+LOCK_TRIES = 3
+
+
+@dataclass
+class Partition:
+    name: str
+    parent: str
+    start: datetime | None  # None: from MINVALUE (the migration's "initial" partition)
+    end: datetime
+    state: str = DETACHED
+    rows: int = 0  # counted when detached: it cannot change afterwards
+
+
+def is_partitioned(conn: Connection, table: str) -> bool:
+    row = conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table]
+    ).fetchone()
+    return bool(row and row[0] == "p")
+
+
+# FOR VALUES FROM ('2026-11-28 00:00:00+00') TO ('2026-11-29 00:00:00+00'), or FROM (MINVALUE)
+_RANGE_BOUND = r"FROM \('?([^')]*)'?\) TO \('?([^')]*)'?\)"
+
+
+def ranged_partitions(conn: Connection, table: str) -> list[Partition]:
+    """The partitions of `table` with a time range, oldest first (not its DEFAULT partition)."""
+    rows = conn.execute(
+        """
+        SELECT name, bound[1], bound[2] FROM (
+            SELECT child.relname AS name,
+                regexp_match(pg_get_expr(child.relpartbound, child.oid), %s) AS bound
+            FROM pg_inherits JOIN pg_class child ON child.oid = pg_inherits.inhrelid
+            WHERE pg_inherits.inhparent = to_regclass(%s)
+        ) ranges WHERE bound IS NOT NULL
+        """,
+        [_RANGE_BOUND, table],
+    ).fetchall()
+    found = [
+        Partition(name, table, None if low == "MINVALUE" else _moment(low), _moment(high))
+        for name, low, high in rows
+    ]
+    return sorted(found, key=lambda partition: partition.end)
+
+
+def _moment(literal: str) -> datetime:
+    return datetime.fromisoformat(literal).astimezone(UTC)
+
+
+def unfinished_partitions(conn: Connection) -> list[Partition]:
+    rows = conn.execute(
+        f"SELECT name, parent, range_start, range_end, state, rows FROM {ARCHIVE_PARTITION}"  # noqa: S608
+        " WHERE state <> %s ORDER BY range_end, name",
+        [DONE],
+    ).fetchall()
+    return [Partition(*row) for row in rows]
+
+
+def detach(conn: Connection, partition: Partition, unfinished_jobs: bool) -> bool:
+    """Detach `partition` from its parent and record it in the manifest, in one transaction;
+    with `unfinished_jobs`, only if no job in it is unfinished, checked under the lock that keeps
+    everyone out of it. False when it holds unfinished jobs or the lock was not granted (within
+    LOCK_TIMEOUT, LOCK_TRIES times): a later run tries again."""
+    for _ in range(LOCK_TRIES):
+        try:
+            return _detach(conn, partition, unfinished_jobs)
+        except psycopg.errors.LockNotAvailable:
+            continue
+    return False
+
+
+def _detach(conn: Connection, partition: Partition, unfinished_jobs: bool) -> bool:
+    name, parent = sql.Identifier(partition.name), sql.Identifier(partition.parent)
+    with conn.transaction():
+        conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(name))
+        if unfinished_jobs:
+            unfinished = conn.execute(
+                sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status <> ALL(%s))").format(name),
+                [list(TERMINAL)],
+            ).fetchone()
+            if unfinished and unfinished[0]:
+                return False
+        counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()
+        partition.rows = int(counted[0]) if counted else 0
+        conn.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(parent, name))
+        conn.execute(
+            f"""INSERT INTO {ARCHIVE_PARTITION} (name, parent, range_start, range_end, state, rows)
+            VALUES (%s, %s, %s, %s, %s, %s)
+            ON CONFLICT (name) DO UPDATE SET parent = EXCLUDED.parent,
+                range_start = EXCLUDED.range_start, range_end = EXCLUDED.range_end,
+                state = EXCLUDED.state, rows = EXCLUDED.rows, updated_at = now()""",  # noqa: S608
+            [
+                partition.name,
+                partition.parent,
+                partition.start,
+                partition.end,
+                DETACHED,
+                partition.rows,
+            ],
+        )
+    partition.state = DETACHED
+    return True
+
+
+def id_bounds(conn: Connection, relation: str, column: str) -> tuple[int, int] | None:
+    row = conn.execute(
+        sql.SQL("SELECT min({column}), max({column}) FROM {relation}").format(
+            column=sql.Identifier(column), relation=sql.Identifier(relation)
+        )
+    ).fetchone()
+    return (row[0], row[1]) if row and row[0] is not None else None
+
+
+def oldest_created(conn: Connection, relation: str) -> str:
+    """The earliest creation time of the jobs in `relation`, as an SQL literal (a literal, not a
+    parameter, lets PostgreSQL skip the partitions before it when it plans)."""
+    row = conn.execute(
+        sql.SQL("SELECT min(created_at) FROM {}").format(sql.Identifier(relation))
+    ).fetchone()
+    oldest = row[0] if row and row[0] is not None else datetime.now(UTC)
+    return f"'{oldest.astimezone(UTC).isoformat()}'::timestamptz"
+
+
+def count_rows(conn: Connection, query: str) -> int:
+    row = conn.execute(f"SELECT count(*) FROM ({query}) counted").fetchone()  # noqa: S608
+    return int(row[0]) if row else 0
+
+
+def set_partition_state(conn: Connection, partition: Partition, state: str) -> None:
+    conn.execute(
+        f"UPDATE {ARCHIVE_PARTITION} SET state = %s, updated_at = now() WHERE name = %s",  # noqa: S608
+        [state, partition.name],
+    )
+    partition.state = state
+
+
+def drop_detached(conn: Connection, partition: Partition, attempts_default: str | None) -> None:
+    """Drop the archived partition, and mark it done in the same transaction. For a partition of
+    jobs, `attempts_default` names the DEFAULT partition of attempts, where attempts of its jobs
+    made while no partition covered their time are deleted with it (they were archived with it)."""
+    name = sql.Identifier(partition.name)
+    with conn.transaction():
+        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [partition.name]).fetchone()
+        if exists and exists[0]:
+            if attempts_default and conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", [attempts_default]
+            ).fetchone() == (True,):
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE job_id IN (SELECT id FROM {})").format(
+                        sql.Identifier(attempts_default), name
+                    )
+                )
+            conn.execute(sql.SQL("DROP TABLE {}").format(name))
+        set_partition_state(conn, partition, DONE)

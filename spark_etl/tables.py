@@ -30,10 +30,14 @@ MODELS: dict[str, str] = {
     "jobs.DeliveryReport": REPORT,
 }
 
-# --- the pipeline's own tables (store.py creates the first two; Spark the third) --------------
+# --- the pipeline's own tables (store.py creates the first three; Spark the last) -------------
 
 WATERMARK = "spark_etl_watermark"
 ARCHIVE_BATCH = "spark_etl_archive_batch"
+ARCHIVE_PARTITION = "spark_etl_archive_partition"
+# The watermark row each archive run writes. Once it exists, the broker's housekeeping leaves the
+# old time partitions of jobs and attempts to the archive (jobs/partitions.py).
+ARCHIVE_REGISTRATION = "archive"
 REPORT_STAGING = "spark_etl_report_staging"
 
 # --- the archive ---------------------------------------------------------------------------------

@@ -86,8 +86,14 @@ def etl_config(tmp_path, spark):
         payload_dir=os.environ["BROKER_PAYLOAD_DIR"],
         spark_conf=SPARK_CONF,
     )
-    # pytest-django empties Django's tables between tests, not the pipeline's own.
+    # pytest-django empties Django's tables between tests, not the pipeline's own. Dropped after
+    # the test too: the archive's registration would leave retention to it in later tests.
+    drop_pipeline_tables()
+    yield config
+    drop_pipeline_tables()
+
+
+def drop_pipeline_tables() -> None:
     with connection.cursor() as cursor:
-        for table in (tables.WATERMARK, tables.ARCHIVE_BATCH):
+        for table in (tables.WATERMARK, tables.ARCHIVE_BATCH, tables.ARCHIVE_PARTITION):
             cursor.execute(f"DROP TABLE IF EXISTS {table}")
-    return config

@@ -5,6 +5,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django_q.models import Schedule  # type: ignore[import-untyped]
 
+from jobs import partitions
+
 # name -> how it runs. Names are the identity: re-running updates these schedules in place and
 # leaves schedules an operator added alone. A schedule an operator changed in the admin is reset
 # to these values on the next run; disable one by deleting it and not running the command.
@@ -99,6 +101,9 @@ class Command(BaseCommand):
                 self.install(name, fields)
             elif spark is False and Schedule.objects.filter(name=name).delete()[0]:
                 self.stdout.write(f"removed: {name}")
+        # Without the archive, housekeeping drops old partitions again (docs/scaling.md).
+        if spark is False and partitions.forget_archive():
+            self.stdout.write("retention: back to housekeeping (the archive no longer runs)")
 
     def install(self, name: str, fields: dict[str, Any]) -> None:
         _, created = Schedule.objects.update_or_create(
