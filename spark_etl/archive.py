@@ -90,6 +90,7 @@ class Archiver:
     payloads: PayloadFiles
     checkpoint: Checkpoint = _no_checkpoint
     result: ArchiveResult = field(default_factory=ArchiveResult)
+    partitioned: bool = False  # the jobs table is partitioned by time: set by `run`
 
     def staging(self, key: str, table: str) -> str:
         return f"{self.config.archive_path}/_staging/{key}/{table}"
@@ -103,21 +104,23 @@ class Archiver:
             self.finish_partition(partition)
         for batch in store.unfinished_batches(self.conn):
             self.finish(batch)
-        partitioned = store.is_partitioned(self.conn, tables.JOB)
-        if partitioned:
+        self.partitioned = store.is_partitioned(self.conn, tables.JOB)
+        if self.partitioned:
             self.archive_job_partitions(cutoff, since)
-        # Then messages: those whose jobs went with their partitions, those that never had one,
-        # and those whose jobs are in a partition not archived whole (with their jobs).
+        # Then messages, with their jobs; on partitioned tables, those whose jobs went with their
+        # partitions, or never had one, or have them in the DEFAULT partition only.
         after = 0
         while planned := self.plan(cutoff, since, after):
             after = max(planned.message_ids)
             self.finish(planned)
-        if partitioned:
+        if self.partitioned:
             self.archive_attempt_partitions(cutoff)
         return self.result
 
     def plan(self, cutoff: datetime, since: datetime | None, after: int) -> store.Batch | None:
-        rows = store.eligible_messages(self.conn, cutoff, since, after, self.config.archive_batch)
+        rows = store.eligible_messages(
+            self.conn, cutoff, since, after, self.config.archive_batch, self.partitioned
+        )
         if not rows:
             return None
         ids: list[int] = []

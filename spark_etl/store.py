@@ -219,16 +219,32 @@ def _unfinished_jobs_filter(alias: str) -> str:
     )
 
 
+# On the partitioned tables, a message waits until its jobs have left with their partitions: only
+# the DEFAULT partition's jobs (rows no partition covered) are archived and deleted row by row.
+_JOBS_LEFT_IN_PARTITIONS = (
+    f"NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.message_id = m.id"  # noqa: S608
+    f" AND (j.status NOT IN {TERMINAL!r}"
+    f" OR j.tableoid IS DISTINCT FROM to_regclass('{JOB}_default')))"
+)
+
+
 def eligible_messages(
-    conn: Connection, cutoff: datetime, since: datetime | None, after: int, limit: int
+    conn: Connection,
+    cutoff: datetime,
+    since: datetime | None,
+    after: int,
+    limit: int,
+    partitioned: bool = False,
 ) -> list[tuple[int, str, int]]:
     """(id, payload_file, payload_size) of the next `limit` messages to archive, lowest id first:
-    received in [since, cutoff), not waiting to be released, every job DELIVERED or DEAD."""
+    received in [since, cutoff), not waiting to be released, every job DELIVERED or DEAD (and,
+    `partitioned`, in no partition but the DEFAULT one)."""
+    jobs_done = _JOBS_LEFT_IN_PARTITIONS if partitioned else _unfinished_jobs_filter("m")
     query = (
         f"SELECT m.id, m.payload_file, m.payload_size FROM {MESSAGE} m"  # noqa: S608
         " WHERE m.id > %(after)s AND m.received_at < %(cutoff)s"
         " AND (%(since)s::timestamptz IS NULL OR m.received_at >= %(since)s)"
-        f" AND m.status <> 'SCHEDULED' AND {_unfinished_jobs_filter('m')}"
+        f" AND m.status <> 'SCHEDULED' AND {jobs_done}"
         " ORDER BY m.id LIMIT %(limit)s"
     )
     params = {"after": after, "cutoff": cutoff, "since": since, "limit": limit}

@@ -1,6 +1,11 @@
 """`spark_etl archive` against PostgreSQL: the Parquet holds exactly the rows that were deleted,
 offloaded payloads included, and a run interrupted at any step, then run again, loses nothing and
-duplicates nothing."""
+duplicates nothing.
+
+The jobs here sit in the DEFAULT partition of the partitioned jobs table (placed at a time no
+partition covers), where the archive takes them with their messages, batch by batch, as it does
+every job on a database whose tables are not partitioned; test_archive_partitions.py covers the
+archive of whole partitions."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from tests.spark.conftest import spark_test
 pytestmark = spark_test
 
 TABLES = {"messages": "broker_message", "jobs": "jobs_job", "attempts": "jobs_deliveryattempt"}
+NO_PARTITION = datetime(2000, 1, 1, tzinfo=UTC)  # before any time partition: the DEFAULT one
 
 
 Offloaded = dict[int, tuple[str, bytes]]  # message id -> (stored file name, payload)
@@ -52,6 +58,7 @@ def add_job(message: Message, consumer: Consumer, status: str, failures: int = 0
     job = Job.objects.create(
         message=message, consumer=consumer, status=status, attempts=failures + 1
     )
+    Job.objects.filter(pk=job.pk).update(partition_at=NO_PARTITION)
     for number in range(1, failures + 2):
         ok = status == "DELIVERED" and number == failures + 1
         DeliveryAttempt.objects.create(
