@@ -77,10 +77,11 @@ ORDER BY i;
 -- DEAD when they fall in the consumer's outage or draw below its dead rate (after the
 -- consumer's last attempt, after the first for a non-retryable status); the rest DELIVERED,
 -- after 1 + a geometric number of failed attempts (bench.retry_p), capped at the consumer's
--- attempts.
+-- attempts. Each job is in the time partition of its creation, as on a broker that ran for the
+-- month (the build makes the daily partitions first).
 INSERT INTO jobs_job (message_id, consumer_id, status, priority, ordering_key, attempts,
     next_attempt_at, lease_expires_at, incremental_timeout, last_error, created_at,
-    status_changed_at, enqueued_at)
+    status_changed_at, enqueued_at, partition_at)
 SELECT m.id, p.consumer_id, s.status, m.priority, m.ordering_key, s.made,
     m.received_at + make_interval(secs => CASE
         WHEN s.status = 'QUEUED' THEN p.offsets[s.made + 1] ELSE p.offsets[s.made] END),
@@ -92,7 +93,7 @@ SELECT m.id, p.consumer_id, s.status, m.priority, m.ordering_key, s.made,
     m.received_at,
     m.received_at + make_interval(secs => CASE
         WHEN s.made > 0 THEN p.offsets[s.made] + 0.2 ELSE 0 END),
-    m.received_at
+    m.received_at, m.received_at
 FROM broker_message m
 JOIN bench_ui_profile p ON p.channel_id = m.channel_id
 CROSS JOIN LATERAL (
