@@ -25,6 +25,9 @@ INFLIGHT job is left to finish and carried on a later run. Attempt partitions ar
 alone. Dropping a partition takes a brief exclusive lock of the parent table; it is asked for
 with a short lock timeout and tried again on the next run rather than queue writers behind it.
 
+Where `spark_etl archive` runs (`archive_owns_retention`), the archive drops old partitions
+instead, after copying them to Parquet, and retention here only carries queued jobs forward.
+
 SQLite keeps plain tables: every function here does nothing there. The SQL below is put together
 from the names of these two tables, their partitions and columns, never from input.
 """
@@ -42,7 +45,7 @@ from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from broker.conf import broker_settings
-from jobs.states import DEAD, DELIVERED, QUEUED
+from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from spark_etl.tables import ARCHIVE_REGISTRATION, WATERMARK
 
 logger = logging.getLogger(__name__)
@@ -420,9 +423,12 @@ def _drop_if_done(table: Table, partition: Partition, dropped: list[str]) -> Non
         _lock_timeout(cursor)
         cursor.execute(f'LOCK TABLE "{partition.name}" IN ACCESS EXCLUSIVE MODE')
         if table is JOBS:
+            # Two probes of the partial indexes of unfinished and of dead jobs, not a read of a
+            # partition of delivered jobs, while the partition is locked against everyone.
             cursor.execute(
-                f'SELECT EXISTS (SELECT 1 FROM "{partition.name}" WHERE status <> %s)',  # noqa: S608
-                [DELIVERED],
+                f"""SELECT EXISTS (SELECT 1 FROM "{partition.name}" WHERE status IN (%s, %s))
+                OR EXISTS (SELECT 1 FROM "{partition.name}" WHERE status = %s)""",  # noqa: S608
+                [QUEUED, INFLIGHT, DEAD],
             )
             if cursor.fetchone()[0]:
                 logger.info("partitions: %s still holds unfinished jobs", partition.name)

@@ -460,41 +460,45 @@ def detach(conn: Connection, partition: Partition, unfinished_jobs: bool) -> boo
     LOCK_TIMEOUT, LOCK_TRIES times): a later run tries again."""
     for _ in range(LOCK_TRIES):
         try:
-            return _detach(conn, partition, unfinished_jobs)
+            detached = _detach(conn, partition, unfinished_jobs)
         except psycopg.errors.LockNotAvailable:
             continue
+        if detached:  # counted once out of everyone's way: nobody can change it any more
+            counted = conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(partition.name))
+            ).fetchone()
+            partition.rows = int(counted[0]) if counted else 0
+            conn.execute(
+                f"UPDATE {ARCHIVE_PARTITION} SET rows = %s WHERE name = %s",  # noqa: S608
+                [partition.rows, partition.name],
+            )
+        return detached
     return False
 
 
 def _detach(conn: Connection, partition: Partition, unfinished_jobs: bool) -> bool:
+    """The locked part, kept short: the check reads the index of queued and in-flight jobs
+    (a partition of finished jobs has no entry in it), not the partition."""
     name, parent = sql.Identifier(partition.name), sql.Identifier(partition.parent)
     with conn.transaction():
         conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(name))
         if unfinished_jobs:
             unfinished = conn.execute(
-                sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE status <> ALL(%s))").format(name),
-                [list(TERMINAL)],
+                sql.SQL(
+                    "SELECT EXISTS (SELECT 1 FROM {} WHERE status IN ('QUEUED', 'INFLIGHT'))"
+                ).format(name)
             ).fetchone()
             if unfinished and unfinished[0]:
                 return False
-        counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(name)).fetchone()
-        partition.rows = int(counted[0]) if counted else 0
         conn.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(parent, name))
         conn.execute(
             f"""INSERT INTO {ARCHIVE_PARTITION} (name, parent, range_start, range_end, state, rows)
-            VALUES (%s, %s, %s, %s, %s, %s)
+            VALUES (%s, %s, %s, %s, %s, 0)
             ON CONFLICT (name) DO UPDATE SET parent = EXCLUDED.parent,
                 range_start = EXCLUDED.range_start, range_end = EXCLUDED.range_end,
-                state = EXCLUDED.state, rows = EXCLUDED.rows, updated_at = now()""",  # noqa: S608
-            [
-                partition.name,
-                partition.parent,
-                partition.start,
-                partition.end,
-                DETACHED,
-                partition.rows,
-            ],
+                state = EXCLUDED.state, rows = 0, updated_at = now()""",  # noqa: S608
+            [partition.name, partition.parent, partition.start, partition.end, DETACHED],
         )
     partition.state = DETACHED
     return True
