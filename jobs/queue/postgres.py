@@ -158,7 +158,10 @@ SELECT (SELECT count(*) FROM released), (SELECT {_NOTIFY} WHERE EXISTS (SELECT F
 #   cost grows with the number of keys with pending jobs, not with the backlog behind them;
 # - candidate: the best of those overall. Twice the batch is read, so that rows a concurrent
 #   dispatcher holds can be skipped without coming back short;
-# - taken: those rows locked, skipping any already locked, up to the batch size;
+# - taken: those rows locked, skipping any already locked, up to the batch size. Found by the whole
+#   primary key, (id, partition_at): by id alone the planner, misled by the statistics of a young
+#   partition (taken while no job waited), walked a partial index for each candidate and the
+#   empty-table drain fell from about 2,600 to 600 jobs/s (docs/performance.md);
 # - slotted: a paced consumer's jobs get its next slots in their order (rules.slot_times), and
 #   booked moves its next free slot past them: only the jobs taken use slots;
 # - the UPDATE moves them to INFLIGHT with a lease, counts the attempt and returns the columns of
@@ -204,9 +207,9 @@ room AS MATERIALIZED (
     FROM cap
 ),
 due AS (
-    SELECT next.id, next.priority, next.next_attempt_at
+    SELECT next.id, next.partition_at, next.priority, next.next_attempt_at
     FROM room CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.next_attempt_at
+        SELECT j.id, j.partition_at, j.priority, j.next_attempt_at
         FROM {_JOB} j
         WHERE j.consumer_id = room.id AND j.status = '{QUEUED.value}'
             AND j.next_attempt_at <= %(now)s
@@ -215,24 +218,25 @@ due AS (
     ) next
     WHERE room.free > 0 AND NOT room.ordered
     UNION ALL
-    SELECT head.id, head.priority, head.next_attempt_at
+    SELECT head.id, head.partition_at, head.priority, head.next_attempt_at
     FROM room CROSS JOIN LATERAL (
         WITH RECURSIVE key_head AS (
-            (SELECT j.ordering_key, j.id, j.status, j.priority, j.next_attempt_at
+            (SELECT j.ordering_key, j.id, j.partition_at, j.status, j.priority, j.next_attempt_at
              FROM {_JOB} j
              WHERE j.consumer_id = room.id AND j.status IN {_PENDING}
              ORDER BY j.ordering_key, j.id LIMIT 1)
             UNION ALL
             SELECT next_key.*
             FROM key_head CROSS JOIN LATERAL (
-                SELECT j.ordering_key, j.id, j.status, j.priority, j.next_attempt_at
+                SELECT j.ordering_key, j.id, j.partition_at, j.status, j.priority,
+                    j.next_attempt_at
                 FROM {_JOB} j
                 WHERE j.consumer_id = room.id AND j.status IN {_PENDING}
                     AND j.ordering_key > key_head.ordering_key
                 ORDER BY j.ordering_key, j.id LIMIT 1
             ) next_key
         )
-        SELECT id, priority, next_attempt_at FROM key_head
+        SELECT id, partition_at, priority, next_attempt_at FROM key_head
         WHERE status = '{QUEUED.value}' AND next_attempt_at <= %(now)s
         ORDER BY priority DESC, next_attempt_at
         LIMIT least(room.free, %(candidates)s)
@@ -243,15 +247,17 @@ candidate AS (
     SELECT * FROM due ORDER BY priority DESC, next_attempt_at LIMIT %(candidates)s
 ),
 taken AS MATERIALIZED (
-    SELECT j.id, j.consumer_id, candidate.priority, candidate.next_attempt_at
-    FROM {_JOB} j JOIN candidate ON candidate.id = j.id
+    SELECT j.id, j.partition_at, j.consumer_id, candidate.priority, candidate.next_attempt_at
+    FROM {_JOB} j
+        JOIN candidate ON candidate.id = j.id AND candidate.partition_at = j.partition_at
     WHERE j.status = '{QUEUED.value}'
     ORDER BY candidate.priority DESC, candidate.next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
 slotted AS (
-    SELECT taken.id, paced.first_slot + make_interval(secs => (row_number() OVER (
+    SELECT taken.id, taken.partition_at,
+        paced.first_slot + make_interval(secs => (row_number() OVER (
             PARTITION BY taken.consumer_id
             ORDER BY taken.priority DESC, taken.next_attempt_at, taken.id
         ) - 1) / paced.per_second) AS send_at
@@ -269,8 +275,8 @@ UPDATE {_JOB} j
 SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attempts + 1,
     lease_expires_at = %(lease_until)s
 FROM slotted, {_MESSAGE} m, {_CONSUMER} c
-WHERE j.id = slotted.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
-    AND c.id = j.consumer_id
+WHERE j.id = slotted.id AND j.partition_at = slotted.partition_at
+    AND j.status = '{QUEUED.value}' AND m.id = j.message_id AND c.id = j.consumer_id
 RETURNING j.id, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at, j.created_at,
     m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
     m.traceparent, m.tracestate, m.event_type, slotted.send_at

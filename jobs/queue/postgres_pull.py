@@ -36,10 +36,11 @@ _HEAD_OF_KEY = f"""AND NOT EXISTS (
 
 # The pull claim: the consumer's best due jobs, locked (skipping those another worker is taking),
 # moved to INFLIGHT under the lease with one attempt more, and returned with their messages.
-# MATERIALIZED with the LIMIT: docs/queue-design.md (PostgreSQL bug #15715).
+# MATERIALIZED with the LIMIT: docs/queue-design.md (PostgreSQL bug #15715). Rows are matched on
+# the whole primary key, (id, partition_at), as in the push claim (postgres.py).
 _CLAIM_FOR_PULL = f"""
 WITH due AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, j.partition_at
     FROM {_JOB} j
     WHERE j.consumer_id = %(consumer)s AND j.status = '{QUEUED.value}'
         AND j.next_attempt_at <= %(now)s {{head_of_key}}
@@ -51,7 +52,8 @@ UPDATE {_JOB} j
 SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attempts + 1,
     lease_expires_at = %(lease_until)s, incremental_timeout = 0
 FROM due, {_MESSAGE} m
-WHERE j.id = due.id AND j.status = '{QUEUED.value}' AND m.id = j.message_id
+WHERE j.id = due.id AND j.partition_at = due.partition_at AND j.status = '{QUEUED.value}'
+    AND m.id = j.message_id
 RETURNING {", ".join(f"j.{name}" for name in CLAIMED_JOB_FIELDS)},
     {", ".join(f"m.{name}" for name in CLAIMED_MESSAGE_FIELDS)}
 """  # noqa: S608
