@@ -297,10 +297,12 @@ _CLOSE_CIRCUITS = f"""
 # taken again, meanwhile is left to the queue or its new holder (its duplicate delivery is the
 # at-least-once price); its attempt is recorded all the same. A job deleted meanwhile (with its
 # consumer or message) gets no attempt row: `present` locks the jobs against deletion before
-# anything else touches them (a row this statement had already updated could not be locked).
+# anything else touches them (a row this statement had already updated could not be locked), and
+# gives their whole primary key, (id, partition_at), by which the jobs are then moved (as in the
+# claim above).
 RECORD_DELIVERIES_SQL = f"""
 WITH present AS MATERIALIZED (
-    SELECT id FROM {_JOB} WHERE id = ANY(%(jobs)s::bigint[]) FOR KEY SHARE
+    SELECT id, partition_at FROM {_JOB} WHERE id = ANY(%(jobs)s::bigint[]) FOR KEY SHARE
 ),
 closed AS ({_CLOSE_CIRCUITS}),
 moved AS (
@@ -308,8 +310,9 @@ moved AS (
     SET status = '{DELIVERED.value}', status_changed_at = %(now)s, lease_expires_at = NULL,
         last_error = ''
     FROM unnest(%(jobs)s::bigint[], %(attempts)s::int[]) AS claimed(id, attempts)
-    WHERE j.id = claimed.id AND j.attempts = claimed.attempts
-        AND j.id IN (SELECT id FROM present) AND j.status = '{INFLIGHT.value}'
+        JOIN present ON present.id = claimed.id
+    WHERE j.id = present.id AND j.partition_at = present.partition_at
+        AND j.attempts = claimed.attempts AND j.status = '{INFLIGHT.value}'
 )
 INSERT INTO {DeliveryAttempt._meta.db_table} (job_id, consumer_id, attempt_number, started_at,
     duration_ms, status_code, error_class, response_excerpt, dispatcher_id)
