@@ -212,20 +212,18 @@ def unfinished_batches(conn: Connection) -> list[Batch]:
     return [Batch(*row) for row in rows]
 
 
-def _unfinished_jobs_filter(alias: str) -> str:
-    return (
-        f"NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.message_id = {alias}.id"  # noqa: S608
-        f" AND j.status NOT IN {TERMINAL!r})"
+def _jobs_done_filter(partitioned: bool) -> str:
+    """The test that message `m` has no unfinished job. On the partitioned tables, also none in
+    a partition other than the DEFAULT one: the message waits until its jobs have left with their
+    partitions, and only the DEFAULT partition's jobs (rows no partition covered) are archived
+    and deleted row by row."""
+    left_behind = (
+        f" OR j.tableoid IS DISTINCT FROM to_regclass('{JOB}_default')" if partitioned else ""
     )
-
-
-# On the partitioned tables, a message waits until its jobs have left with their partitions: only
-# the DEFAULT partition's jobs (rows no partition covered) are archived and deleted row by row.
-_JOBS_LEFT_IN_PARTITIONS = (
-    f"NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.message_id = m.id"  # noqa: S608
-    f" AND (j.status NOT IN {TERMINAL!r}"
-    f" OR j.tableoid IS DISTINCT FROM to_regclass('{JOB}_default')))"
-)
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.message_id = m.id"  # noqa: S608
+        f" AND (j.status NOT IN {TERMINAL!r}{left_behind}))"
+    )
 
 
 def eligible_messages(
@@ -239,12 +237,11 @@ def eligible_messages(
     """(id, payload_file, payload_size) of the next `limit` messages to archive, lowest id first:
     received in [since, cutoff), not waiting to be released, every job DELIVERED or DEAD (and,
     `partitioned`, in no partition but the DEFAULT one)."""
-    jobs_done = _JOBS_LEFT_IN_PARTITIONS if partitioned else _unfinished_jobs_filter("m")
     query = (
         f"SELECT m.id, m.payload_file, m.payload_size FROM {MESSAGE} m"  # noqa: S608
         " WHERE m.id > %(after)s AND m.received_at < %(cutoff)s"
         " AND (%(since)s::timestamptz IS NULL OR m.received_at >= %(since)s)"
-        f" AND m.status <> 'SCHEDULED' AND {jobs_done}"
+        f" AND m.status <> 'SCHEDULED' AND {_jobs_done_filter(partitioned)}"
         " ORDER BY m.id LIMIT %(limit)s"
     )
     params = {"after": after, "cutoff": cutoff, "since": since, "limit": limit}
@@ -542,11 +539,8 @@ def drop_detached(conn: Connection, partition: Partition, attempts_default: str 
     made while no partition covered their time are deleted with it (they were archived with it)."""
     name = sql.Identifier(partition.name)
     with conn.transaction():
-        exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [partition.name]).fetchone()
-        if exists and exists[0]:
-            if attempts_default and conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL", [attempts_default]
-            ).fetchone() == (True,):
+        if _exists(conn, partition.name):
+            if attempts_default and _exists(conn, attempts_default):
                 conn.execute(
                     sql.SQL("DELETE FROM {} WHERE job_id IN (SELECT id FROM {})").format(
                         sql.Identifier(attempts_default), name
@@ -554,3 +548,8 @@ def drop_detached(conn: Connection, partition: Partition, attempts_default: str 
                 )
             conn.execute(sql.SQL("DROP TABLE {}").format(name))
         set_partition_state(conn, partition, DONE)
+
+
+def _exists(conn: Connection, relation: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [relation]).fetchone()
+    return bool(row and row[0])
