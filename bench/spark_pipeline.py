@@ -9,6 +9,16 @@ them, checks the figures and the counts, and drops the database.
     .venv/bin/python bench/spark_pipeline.py                   # the targets' size
     .venv/bin/python bench/spark_pipeline.py --messages 25000  # a quick run (10x smaller)
 
+With `--copy-of broker_bench_scale` (the 25,000,000-job set of bench/scale.py, in daily
+partitions) it instead copies that database (CREATE DATABASE ... TEMPLATE) and runs only the
+archive on the copy, with `--retention-days` (default 28: the oldest days' partitions go), while
+a probe runs the dispatcher's claim every 100 ms on the copy: how long the archive takes per
+partition, whether the manifest holds every job of the partitions it dropped, and how long the
+claim waited meanwhile (a detach takes a brief lock on the parent table). The source is not
+touched; the copy is dropped after.
+
+    .venv/bin/python bench/spark_pipeline.py --copy-of broker_bench_scale --retention-days 28
+
 (Not bench/spark_etl.py: a script of that name would shadow the spark_etl package for mypy and
 for anything run from bench/.)
 """
@@ -16,11 +26,14 @@ for anything run from bench/.)
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -41,6 +54,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="3g")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--copy-of", help="archive a copy of this database instead (see above)")
+    parser.add_argument("--retention-days", type=int, default=28, help="with --copy-of")
     return parser.parse_args()
 
 
@@ -63,13 +78,13 @@ def drop_database() -> None:
         )
 
 
-def environment(output: str) -> dict[str, str]:
+def environment(output: str, retention_days: int = 30) -> dict[str, str]:
     return {
         **os.environ,
         "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "broker.settings",
         "SPARK_ETL_OUTPUT": output,
-        "BROKER_RETENTION_DAYS": "30",
+        "BROKER_RETENTION_DAYS": str(retention_days),
         "PYTHONWARNINGS": "ignore:No directory at:UserWarning",
     }
 
@@ -199,8 +214,122 @@ def parquet_rows(output: str) -> str:
     return ", ".join(f"{table} {size / 2**20:.0f} MiB" for table, size in sizes.items())
 
 
+# --- the archive of a copy of the 25M set --------------------------------------------------
+
+# The dispatcher's claim (rolled back) every 100 ms until stdin closes; its times as JSON.
+CLAIM_PROBE = """
+import json, sys, threading, time
+import django
+django.setup()
+from django.db import transaction
+from jobs.queue import claim_for_push
+done, times = threading.Event(), []
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+while not done.is_set():
+    started = time.perf_counter()
+    try:
+        with transaction.atomic():
+            claim_for_push(10)
+            raise RuntimeError("rolled back")
+    except RuntimeError:
+        pass
+    times.append(1000 * (time.perf_counter() - started))
+    done.wait(0.1)
+print(json.dumps(times))
+"""
+
+
+def copy_database(source: str) -> float:
+    started = time.monotonic()
+    drop_database()
+    with admin_connection() as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(DATABASE), sql.Identifier(source)
+            )
+        )
+    return time.monotonic() - started
+
+
+def due_partitions(days: int) -> dict[str, int]:
+    """The partitions of jobs the archive should take, with their jobs: those that end before
+    the cutoff with every job finished."""
+    cutoff = datetime.now(UTC) - timedelta(days=days)
+    due = {}
+    with psycopg.connect(database_url()) as conn:
+        for name, bound in conn.execute(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'jobs_job'::regclass"
+        ).fetchall():
+            end = re.search(r"TO \('([^']+)'\)", bound)
+            if end is None or datetime.fromisoformat(end[1]) > cutoff:
+                continue  # DEFAULT, MINVALUE or too young
+            table = sql.Identifier(name)
+            busy = conn.execute(
+                sql.SQL(
+                    "SELECT EXISTS (SELECT FROM {} WHERE status IN ('QUEUED', 'INFLIGHT'))"
+                ).format(table)
+            ).fetchone()
+            if busy == (False,):
+                counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()
+                due[name] = counted[0] if counted else 0
+    return due
+
+
+def archive_copy(args: argparse.Namespace, output: str) -> None:
+    print(f"copy of {args.copy_of}: {copy_database(args.copy_of):.0f} s")
+    env = environment(output, args.retention_days)
+    due = due_partitions(args.retention_days)
+    print(f"partitions of jobs due ({args.retention_days}-day retention): {len(due)},"
+          f" {sum(due.values()):,} jobs")  # fmt: skip
+    probe = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", CLAIM_PROBE], env=env, cwd=ROOT, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        seconds, line = run_job("archive", args, env)
+    finally:
+        claims, _ = probe.communicate("", timeout=60)
+    times = sorted(json.loads(claims))
+    print(f"archive: {seconds:.1f} s - {line}")
+    print(f"  claim meanwhile: median {times[len(times) // 2]:.0f} ms, max {times[-1]:.0f} ms"
+          f" ({len(times):,} claims)")  # fmt: skip
+    print("  check: " + check_partitions(due))
+
+
+def check_partitions(due: dict[str, int]) -> str:
+    """Each due partition in the manifest, done, with its count of jobs, and gone."""
+    with psycopg.connect(database_url()) as conn:
+        done: dict[str, int] = dict(
+            conn.execute(
+                "SELECT name, rows FROM spark_etl_archive_partition"
+                " WHERE parent = 'jobs_job' AND state = 'done'"
+            ).fetchall()
+        )
+        left = conn.execute(
+            "SELECT count(*) FROM pg_class WHERE relname = ANY(%s)", (list(due),)
+        ).fetchone()
+    missing = {name for name, jobs in due.items() if done.get(name) != jobs}
+    ok = not missing and left == (0,)
+    return (
+        f"{len(done)} partitions of jobs archived ({sum(done.values()):,} jobs),"
+        f" {left[0] if left else '?'} of the due ones still present,"
+        f" missing or miscounted: {sorted(missing) or 'none'}: {'OK' if ok else 'MISMATCH'}"
+    )
+
+
 def main() -> None:
     args = arguments()
+    if args.copy_of:
+        print(f"# spark_etl archive of a copy: {machine()}")
+        output = tempfile.mkdtemp(prefix="bench-spark-etl-")
+        try:
+            archive_copy(args, output)
+        finally:
+            if not args.keep:
+                drop_database()
+            subprocess.run(["rm", "-rf", output], check=False)  # noqa: S603, S607
+        return
     print(f"# spark_etl bench: {machine()}")
     print(f"master {args.master}, driver memory {args.driver_memory}")
     output = tempfile.mkdtemp(prefix="bench-spark-etl-")
