@@ -26,6 +26,15 @@ left in place.
     .venv/bin/python bench/scale.py --build-only           # build or resume, measure nothing
     .venv/bin/python bench/scale.py --explain              # and EXPLAIN the endpoints over bound
     .venv/bin/python bench/scale.py --dispatch --dlq-actions   # and the rest of issue 21's list
+
+With `--from-migration 0013` a new build is made at jobs migration 0013 (before the time
+partitions: plain tables, as a broker upgraded from then has them), and then `manage.py
+migrate` is run over it as an operator upgrading runs it, timed, and checked: every job and
+attempt kept, in the same states, every index of every partition valid and attached. Exits 1
+if not (CI runs it on the 1 % set):
+
+    .venv/bin/python bench/scale.py --scale 0.01 --database broker_bench_m1 --rebuild \
+        --from-migration 0013 --build-only
 """
 
 from __future__ import annotations
@@ -133,6 +142,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--database", default=DEFAULT_DATABASE)
     parser.add_argument("--rebuild", action="store_true", help="drop and generate it again")
     parser.add_argument("--build-only", action="store_true", help="build (or resume), no timing")
+    parser.add_argument(
+        "--from-migration", metavar="N", help="build at jobs migration N, then migrate (see above)"
+    )
     parser.add_argument("--runs", type=int, default=5, help="measured requests per endpoint")
     parser.add_argument("--page", type=int, default=100, help="the deep page of the lists")
     parser.add_argument("--workers", type=int, default=2 * (os.cpu_count() or 1) + 1)
@@ -473,7 +485,12 @@ def load(builder: Builder) -> None:
     for function in ("functions", "pick"):  # CREATE OR REPLACE: cheap, run every time
         builder.conn.execute(steps[function])
     builder.step("profiles", functools.partial(profiles, plan=plan))
-    builder.step("time partitions", functools.partial(time_partitions, url=builder.url, plan=plan))
+    if has_column(builder.conn, "jobs_job", "partition_at"):  # since jobs 0014
+        builder.step(
+            "time partitions", functools.partial(time_partitions, url=builder.url, plan=plan)
+        )
+    else:
+        steps["jobs"] = without_partition_key(steps["jobs"])
     builder.step("drop secondary indexes", drop_indexes)
     for lo, hi in ranges(1, plan.messages, MESSAGES_PER_BATCH):
         builder.step(f"messages {lo:,}-{hi - 1:,}", builder.batch([steps["messages"]], lo, hi))
@@ -590,7 +607,10 @@ def ensure_database(args: argparse.Namespace, env: dict[str, str]) -> dict[str, 
             " generate it again, or --database NAME to build another"
         )
     print("migrating", flush=True)
-    migrate(env)  # also on reuse: the code may have moved on
+    if args.from_migration and meta is None:
+        migrate_jobs_to(args.from_migration, env)
+    else:
+        migrate(env)  # also on reuse: the code may have moved on
     django_here({**env, "BROKER_ADMIN_TOKENS": ADMIN_TOKEN})
     if meta is not None:
         print(f"reusing {args.database} (built in {meta['build_seconds']:.0f} s)")
@@ -613,11 +633,77 @@ def ensure_database(args: argparse.Namespace, env: dict[str, str]) -> dict[str, 
 
     resilient(url, build)
     summarize(url, plan, time.monotonic() - started)
+    if args.from_migration:
+        upgrade(url, env)
     meta = finished_build(url)
     if meta is None:
         raise RuntimeError("the build wrote no bench_scale_meta row")
     print(f"build: {meta['build_seconds']:.0f} s ({meta['build_seconds'] / 60:.1f} min)")
     return meta
+
+
+# --- the upgrade of a populated database (--from-migration) --------------------------------
+
+
+def migrate_jobs_to(name: str, env: dict[str, str]) -> None:
+    """Every app the build needs at its latest but jobs, and jobs at migration `name`."""
+    for target in (["auth"], ["broker"], ["consumers"], ["jobs", name]):
+        command = [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0", *target]
+        subprocess.run(command, cwd=ROOT, env=env, check=True)  # noqa: S603
+
+
+def without_partition_key(statement: str) -> str:
+    """The jobs step for a jobs table from before migration 0014 (no partition_at)."""
+    changed = statement.replace(", partition_at)", ")", 1).replace(
+        "m.received_at, m.received_at\nFROM", "m.received_at\nFROM", 1
+    )
+    if changed.count("partition_at") or changed == statement:
+        raise RuntimeError("the jobs step of scale_data.sql no longer reads as expected")
+    return changed
+
+
+UNATTACHED_INDEXES = """
+SELECT index.relname FROM pg_inherits partition
+JOIN pg_index ON pg_index.indrelid = partition.inhrelid
+JOIN pg_class index ON index.oid = pg_index.indexrelid
+WHERE partition.inhparent IN ('jobs_job'::regclass, 'jobs_deliveryattempt'::regclass)
+    AND (NOT pg_index.indisvalid
+         OR NOT EXISTS (SELECT FROM pg_inherits parent WHERE parent.inhrelid = index.oid))
+"""
+CONTENTS = """
+SELECT (SELECT jsonb_object_agg(status, n) FROM
+        (SELECT status, count(*) AS n FROM jobs_job GROUP BY status) AS s),
+    (SELECT count(*) FROM jobs_deliveryattempt), (SELECT max(id) FROM jobs_job)
+"""
+
+
+def upgrade(url: str, env: dict[str, str]) -> None:
+    """`manage.py migrate` over the database built at an older migration, timed; exits 1
+    unless every job and attempt is kept as it was, in partitioned tables whose every index
+    is valid and attached."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        before = conn.execute(CONTENTS).fetchone()
+    started = time.monotonic()
+    migrate(env)
+    seconds = time.monotonic() - started
+    with psycopg.connect(url, autocommit=True) as conn:
+        after = conn.execute(CONTENTS).fetchone()
+        partitioned = has_column(conn, "jobs_job", "partition_at") and conn.execute(
+            "SELECT count(*) FROM pg_partitioned_table"
+            " WHERE partrelid IN ('jobs_job'::regclass, 'jobs_deliveryattempt'::regclass)"
+        ).fetchone() == (2,)
+        unattached = [name for (name,) in conn.execute(UNATTACHED_INDEXES).fetchall()]
+    if before is None or after is None:
+        raise RuntimeError("no contents counted")
+    ok = before == after and partitioned and not unattached
+    print(
+        f"migrate over it: {seconds:.1f} s; jobs by state and attempts before {before[:2]},"
+        f" after {after[:2]}; both tables partitioned: {partitioned}; invalid or unattached"
+        f" indexes: {unattached or 'none'}: {'OK' if ok else 'FAILED'}",
+        flush=True,
+    )
+    if not ok:
+        raise SystemExit(1)
 
 
 def describe(meta: dict[str, Any]) -> str:
