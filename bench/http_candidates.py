@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from dispatch_harness import ROOT
@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))  # the broker's modules: jobs/delivery.py, jobs/cu
 
 # About 300 bytes, like the bench payloads of bench/dispatch.py.
 BODY = json.dumps({"order": 12345, "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 200}).encode()
+NO_JOB = datetime(2026, 1, 1, tzinfo=UTC)  # the requests' time partition: they are of no job
 
 
 @dataclass
@@ -89,7 +90,7 @@ class AiohttpDeliver(_Base):
         self.post = functools.partial(aiohttp_delivery.post, self.session)
         self.sent: set[int] = set()
         self.requests = [
-            delivery.DeliveryRequest(index, 1, 1, workload.url, headers, BODY)
+            delivery.DeliveryRequest(index, NO_JOB, 1, 1, workload.url, headers, BODY)
             for index, headers in enumerate(workload.headers)
         ]
 

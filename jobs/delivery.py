@@ -71,6 +71,7 @@ class DeliveryNames:
 @dataclass(frozen=True)
 class DeliveryRequest:
     job_id: int
+    partition_at: datetime  # the job's (jobs/queue's ClaimedJob): with job_id its whole key
     attempt: int  # this attempt's number (the job's attempts after the claim)
     consumer_id: int  # whose retry policy judges the outcome
     url: str
@@ -85,6 +86,7 @@ class DeliveryRequest:
 @dataclass(frozen=True)
 class AttemptResult:
     job_id: int
+    partition_at: datetime  # the request's: its job is recorded by the whole primary key
     attempt: int
     consumer_id: int
     started_at: datetime
@@ -274,6 +276,7 @@ def _result(
     (docs/performance.md, "Attempt headers (issue 20)")."""
     result = AttemptResult(
         request.job_id,
+        request.partition_at,
         request.attempt,
         request.consumer_id,
         started_at,

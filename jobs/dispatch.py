@@ -38,7 +38,7 @@ from jobs.maintenance import HOUSEKEEPING_SECONDS, RELEASE_SECONDS, Maintenance
 from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
 from jobs.outcome_log import log_attempt
 from jobs.outgoing import names_of_job, request_for_job
-from jobs.queue import ClaimedJob
+from jobs.queue import ClaimedJob, JobKey
 from jobs.retry import Outcome, Verdict, decide, throttle_seconds
 from jobs.senders import Send, open_sender
 
@@ -75,7 +75,7 @@ class Dispatcher:
         # Consumers that answered 429 with Retry-After, until when (monotonic): jobs of theirs
         # waiting for a slot here are given back unsent.
         self._throttled_until: dict[int, float] = {}
-        self._held_back: list[int] = []  # their IDs, until given back
+        self._held_back: list[JobKey] = []  # their keys, until given back
         self._recording = 0  # results being recorded right now
         self.health = Health()  # what --health-port serves (jobs/health.py)
         # Two database threads (started on first use), each with its own connection, so that
@@ -168,9 +168,10 @@ class Dispatcher:
         self.failed += len(results) - delivered
         return recorded
 
-    def release(self, job_ids: Iterable[int]) -> int:
-        """Give claimed jobs that were never sent back to the queue, without using an attempt."""
-        return queue.release_unsent(job_ids)
+    def release(self, keys: Iterable[JobKey]) -> int:
+        """Give claimed jobs that were never sent back to the queue, without using an attempt;
+        by their whole primary keys, (id, partition_at)."""
+        return queue.release_unsent(keys)
 
     def beat(self, in_flight: int = 0) -> None:
         self.maintenance.beat(in_flight, self.delivered, self.failed)
@@ -270,15 +271,15 @@ class Dispatcher:
 
     def _collect(
         self, done: list[Delivering], in_flight: dict[Delivering, DeliveryRequest]
-    ) -> list[int]:
+    ) -> list[JobKey]:
         """Move finished deliveries out of `in_flight`, their results to be recorded; return
-        the IDs of the jobs held back unsent, to be given back."""
+        the keys of the jobs held back unsent, to be given back."""
         held_back = []
         for task in done:
             request = in_flight.pop(task)
             result = _result_of(task, request)
             if result is None:
-                held_back.append(request.job_id)
+                held_back.append(_key_of(request))
             else:
                 self._finished.append(result)
         return held_back
@@ -333,7 +334,7 @@ class Dispatcher:
             if request.job_id in self._sent:
                 self._finished.append(_cut_off(request))
             else:
-                unsent.append(request.job_id)
+                unsent.append(_key_of(request))
         if unsent:
             with contextlib.suppress(DatabaseDown):  # their leases will return them
                 await self._step(self.release, unsent)
@@ -414,6 +415,7 @@ def _unsendable(job: ClaimedJob, consumer: Consumer | None, exc: Exception) -> A
     """The failed attempt of a claimed job whose request could not be made."""
     return AttemptResult(
         job.job_id,
+        job.partition_at,
         job.attempt,
         job.consumer_id,
         timezone.now(),
@@ -422,6 +424,10 @@ def _unsendable(job: ClaimedJob, consumer: Consumer | None, exc: Exception) -> A
         error=f"the request could not be made: {describe_error(exc)}",
         names=names_of_job(job, consumer),
     )
+
+
+def _key_of(request: DeliveryRequest) -> JobKey:
+    return request.job_id, request.partition_at
 
 
 def _drop_connection() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 
 import broker
 from broker import tracing
@@ -23,6 +23,9 @@ from jobs.queue import ClaimedJob, OutgoingMessage
 from jobs.signing import chunked_signature_headers, signature_headers
 
 USER_AGENT = f"webhook-broker-django/{broker.__version__}"
+# A test event's request is of no job, so of no job's time partition either: its result is never
+# recorded.
+NO_JOB_PARTITION = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Delivery:
     """What a request is a delivery of: a claimed job's attempt, or nothing (a test event)."""
 
     job_id: int = 0
+    partition_at: datetime = NO_JOB_PARTITION
     attempt: int = 1
     job_public_id: str = ""
 
@@ -65,6 +69,7 @@ def build_request(
     headers["X-Broker-Metadata-Headers"] = ",".join(sorted(metadata))
     return DeliveryRequest(
         delivery.job_id,
+        delivery.partition_at,
         delivery.attempt,
         consumer.pk,
         consumer.callback_url,
@@ -99,7 +104,9 @@ def names_of_job(job: ClaimedJob, consumer: Consumer | None) -> DeliveryNames:
 
 
 def _delivery_of(job: ClaimedJob) -> Delivery:
-    return Delivery(job.job_id, job.attempt, job_public_id(job.job_id, job.created_at))
+    return Delivery(
+        job.job_id, job.partition_at, job.attempt, job_public_id(job.job_id, job.created_at)
+    )
 
 
 def _broker_headers(message: OutgoingMessage, consumer: Consumer) -> dict[str, str]:

@@ -1,21 +1,26 @@
 """Recording what became of push attempts that failed, and giving back jobs never sent.
 
 The 2xx answers are recorded by each database's own `record_deliveries` (one statement on
-PostgreSQL); everything here is the same on every database.
+PostgreSQL); everything here is the same on every database but `by_keys`, how jobs are found by
+their whole primary keys.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
+from django.db import connection
 from django.db.models import F, Q
 
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job, JobQuerySet
 from jobs.queue import circuit
+from jobs.queue.types import JobKey
 from jobs.retry import Outcome, Verdict
 from jobs.states import DEAD, INFLIGHT, QUEUED
 
@@ -40,8 +45,8 @@ def record_failures(
     if not failed:
         return {}
     present = set(
-        Job.objects.select_for_update()
-        .filter(pk__in=[r.job_id for r in failed])
+        by_keys((r.job_id, r.partition_at) for r in failed)
+        .select_for_update()
         .values_list("pk", flat=True)
     )
     failed = [r for r in failed if r.job_id in present]
@@ -114,10 +119,11 @@ def throttle(until: dict[int, datetime]) -> None:
         ).update(throttled_until=later)
 
 
-def release_unsent(job_ids: Iterable[int]) -> int:
+def release_unsent(keys: Iterable[JobKey]) -> int:
     """Give claimed jobs that were never sent back to the queue, without using an attempt and
-    in their place: they keep the due time they were claimed at."""
-    return Job.objects.filter(pk__in=list(job_ids)).transition(
+    in their place: they keep the due time they were claimed at. By their whole primary keys,
+    (id, partition_at), as the claim returned them."""
+    return by_keys(keys).transition(
         INFLIGHT, QUEUED, attempts=F("attempts") - 1, lease_expires_at=None
     )
 
@@ -143,7 +149,22 @@ def _apply(result: AttemptResult, outcome: Outcome) -> None:
 def still_ours(result: AttemptResult) -> JobQuerySet:
     """The result's job if it still holds the claim the result is of: a job whose lease expired
     and that another dispatcher took again has one more attempt, and is left to that holder."""
-    return Job.objects.filter(pk=result.job_id, attempts=result.attempt)
+    return by_keys([(result.job_id, result.partition_at)]).filter(attempts=result.attempt)
+
+
+def by_keys(keys: Iterable[JobKey]) -> JobQuerySet:
+    """The jobs of these whole primary keys. On PostgreSQL each is looked for in its own time
+    partition (jobs/partitions.py), where an id alone probes every partition's index. Elsewhere
+    the id is the whole key, and partition_at is left out: SQLite keeps the column's database
+    default as text of another form than a datetime parameter's (".830" against ".830000"),
+    which would never be equal."""
+    keys = list(keys)
+    if connection.vendor != "postgresql":
+        return Job.objects.filter(pk__in=[pk for pk, _ in keys])
+    if not keys:
+        return Job.objects.none()
+    pairs = (Q(pk=pk, partition_at=partition_at) for pk, partition_at in keys)
+    return Job.objects.filter(functools.reduce(operator.or_, pairs))
 
 
 def attempt_row(result: AttemptResult, dispatcher_id: str) -> DeliveryAttempt:

@@ -22,7 +22,7 @@ from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
 from jobs.queue.circuit import close_circuits
 from jobs.queue.fanout import add_jobs, new_jobs
-from jobs.queue.outcomes import attempt_row, still_ours
+from jobs.queue.outcomes import attempt_row, by_keys, still_ours
 from jobs.queue.portable_pull import PortablePullOperations
 from jobs.queue.rules import (
     bookable_slots,
@@ -142,7 +142,7 @@ class PortableQueue(PortablePullOperations):
         self, results: list[AttemptResult], dispatcher_id: str, now: datetime
     ) -> None:
         present = set(
-            Job.objects.filter(pk__in=[r.job_id for r in results]).values_list("pk", flat=True)
+            by_keys((r.job_id, r.partition_at) for r in results).values_list("pk", flat=True)
         )
         DeliveryAttempt.objects.bulk_create(
             attempt_row(r, dispatcher_id) for r in results if r.job_id in present

@@ -277,8 +277,8 @@ SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attem
 FROM slotted, {_MESSAGE} m, {_CONSUMER} c
 WHERE j.id = slotted.id AND j.partition_at = slotted.partition_at
     AND j.status = '{QUEUED.value}' AND m.id = j.message_id AND c.id = j.consumer_id
-RETURNING j.id, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at, j.created_at,
-    m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
+RETURNING j.id, j.partition_at, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at,
+    j.created_at, m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
     m.traceparent, m.tracestate, m.event_type, slotted.send_at
 """  # noqa: S608
 
@@ -297,22 +297,41 @@ _CLOSE_CIRCUITS = f"""
 # taken again, meanwhile is left to the queue or its new holder (its duplicate delivery is the
 # at-least-once price); its attempt is recorded all the same. A job deleted meanwhile (with its
 # consumer or message) gets no attempt row: `present` locks the jobs against deletion before
-# anything else touches them (a row this statement had already updated could not be locked), and
-# gives their whole primary key, (id, partition_at), by which the jobs are then moved (as in the
-# claim above).
+# anything else touches them (a row this statement had already updated could not be locked).
+# Every job goes by the whole primary key the claim returned, (id, partition_at), as in the claim
+# above: by id alone each job probed every time partition's index. A job that retention carried
+# forward meanwhile (possible only once its lease expired and the sweep gave it back) counts as
+# gone: it gets no attempt row.
+# - present looks each job up in a LATERAL subquery that holds the lock (so it cannot be
+#   flattened into a join the planner may turn into a hash join over every partition, as it did
+#   with 40 jobs and 3,000-row partitions): EXPLAIN ANALYZE on 13 partitions (DEFAULT
+#   included), with statistics fresh or taken while no job was in flight, and in a generic plan
+#   too, runs one primary-key probe per job in its own partition, every other partition "never
+#   executed" (run-time pruning). tests/queue/test_whole_key_outcomes.py checks what it reads;
+# - moved joins present on the whole key, and its `partition_at = ANY(...)` of the batch's
+#   partitions prunes the others when the statement is planned with its values (a custom plan:
+#   one partition left of 13); a generic plan cannot prune on an array parameter, and reads
+#   each partition's index of in-flight jobs once, as before.
 RECORD_DELIVERIES_SQL = f"""
 WITH present AS MATERIALIZED (
-    SELECT id, partition_at FROM {_JOB} WHERE id = ANY(%(jobs)s::bigint[]) FOR KEY SHARE
+    SELECT j.id, j.partition_at, claimed.attempts
+    FROM unnest(%(jobs)s::bigint[], %(partitions)s::timestamptz[], %(attempts)s::int[])
+        AS claimed(id, partition_at, attempts)
+        CROSS JOIN LATERAL (
+            SELECT j.id, j.partition_at FROM {_JOB} j
+            WHERE j.id = claimed.id AND j.partition_at = claimed.partition_at
+            FOR KEY SHARE
+        ) j
 ),
 closed AS ({_CLOSE_CIRCUITS}),
 moved AS (
     UPDATE {_JOB} j
     SET status = '{DELIVERED.value}', status_changed_at = %(now)s, lease_expires_at = NULL,
         last_error = ''
-    FROM unnest(%(jobs)s::bigint[], %(attempts)s::int[]) AS claimed(id, attempts)
-        JOIN present ON present.id = claimed.id
+    FROM present
     WHERE j.id = present.id AND j.partition_at = present.partition_at
-        AND j.attempts = claimed.attempts AND j.status = '{INFLIGHT.value}'
+        AND j.partition_at = ANY(%(batch_partitions)s::timestamptz[])
+        AND j.attempts = present.attempts AND j.status = '{INFLIGHT.value}'
 )
 INSERT INTO {DeliveryAttempt._meta.db_table} (job_id, consumer_id, attempt_number, started_at,
     duration_ms, status_code, error_class, response_excerpt, dispatcher_id)
@@ -383,6 +402,8 @@ class PostgresQueue(PostgresPullStatements):
                 {
                     "dispatcher": dispatcher_id,
                     "jobs": [r.job_id for r in results],
+                    "partitions": [r.partition_at for r in results],
+                    "batch_partitions": sorted({r.partition_at for r in results}),
                     "job_consumers": [r.consumer_id for r in results],
                     "consumers": list({r.consumer_id for r in results}),
                     "attempts": [r.attempt for r in results],

@@ -27,11 +27,19 @@ class OutgoingMessage:
     event_type: str | None = None  # sent as X-Broker-Event-Type when set
 
 
+# A job's whole primary key on PostgreSQL: its id and its time partition's key (Job.partition_at,
+# jobs/partitions.py), as a claim returns them.
+JobKey = tuple[int, datetime]
+
+
 @dataclass(frozen=True)
 class ClaimedJob:
     """What a push claim returns for one job: everything its request needs but the consumer."""
 
     job_id: int
+    # Its time partition's key (jobs/partitions.py): with job_id the whole primary key, by which
+    # the outcome of its attempt is recorded (or the job given back unsent).
+    partition_at: datetime
     attempt: int  # the job's attempts, this one included
     priority: int
     due_at: datetime
@@ -46,9 +54,10 @@ class ClaimedJob:
     def from_row(cls, row: Sequence[Any]) -> ClaimedJob:
         """From a row of CLAIM_COLUMNS; raw SQL gives memoryview payloads and JSON text (Django
         reads jsonb as text and leaves parsing to JSONField)."""
-        job_id, attempt, priority, due_at, consumer_id, consumer_changed_at, created_at = row[:7]
-        message_id, payload, payload_file, content_type, message_priority, headers = row[7:13]
-        traceparent, tracestate, event_type = row[13:16]
+        job_id, partition_at, attempt, priority, due_at, consumer_id = row[:6]
+        consumer_changed_at, created_at = row[6:8]
+        message_id, payload, payload_file, content_type, message_priority, headers = row[8:14]
+        traceparent, tracestate, event_type = row[14:17]
         message = OutgoingMessage(
             message_id,
             bytes(payload),
@@ -60,9 +69,10 @@ class ClaimedJob:
             tracestate,
             event_type,
         )
-        send_at = row[16] if len(row) > 16 else None  # the PostgreSQL claim's extra column
+        send_at = row[17] if len(row) > 17 else None  # the PostgreSQL claim's extra column
         return cls(
             job_id,
+            partition_at,
             attempt,
             priority,
             due_at,
@@ -78,6 +88,7 @@ class ClaimedJob:
 # returns the same columns in the same order, then the send time (which the ORM's claim sets).
 CLAIM_COLUMNS = (
     "pk",
+    "partition_at",
     "attempts",
     "priority",
     "next_attempt_at",

@@ -9,7 +9,7 @@ import asyncio
 import base64
 import socket
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -164,12 +164,13 @@ def closed_port() -> int:
 
 
 HEADERS = {"Content-Type": "application/json", "webhook-signature": "v1,c2lnbmF0dXJl"}
+NO_JOB = datetime(2026, 1, 1, tzinfo=UTC)  # the request's time partition: it is of no job
 
 
 def send(url: str) -> AttemptResult:
     async def run() -> AttemptResult:
         async with open_sender(1) as sender:
-            return await sender(DeliveryRequest(1, 1, 7, url, HEADERS, b"{}"), 5, None)
+            return await sender(DeliveryRequest(1, NO_JOB, 1, 7, url, HEADERS, b"{}"), 5, None)
 
     return asyncio.run(run())
 
@@ -321,6 +322,7 @@ def test_a_nul_in_a_header_never_keeps_an_attempt_from_being_recorded(
     [request] = dispatcher.claim(10)
     result = AttemptResult(
         request.job_id,
+        request.partition_at,
         request.attempt,
         request.consumer_id,
         timezone.now() - timedelta(seconds=1),

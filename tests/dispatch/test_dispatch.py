@@ -264,7 +264,7 @@ def test_released_jobs_return_without_using_an_attempt(channel, receiver, dispat
     publish(channel, b"x", producer="shop")
     [request] = dispatcher.claim(10)
 
-    assert dispatcher.release([request.job_id]) == 1
+    assert dispatcher.release([(request.job_id, request.partition_at)]) == 1
 
     job = Job.objects.get()
     assert (job.status, job.attempts, job.lease_expires_at) == (QUEUED, 0, None)

@@ -67,7 +67,7 @@ def test_a_429_with_retry_after_holds_back_the_jobs_waiting_for_their_slots(
     assert held == [None, None, None]  # not sent: given back by the loop, without an attempt
     assert len(receiver.received) == 1
     due_times = dict(Job.objects.values_list("pk", "next_attempt_at"))
-    assert dispatcher.release([request.job_id for request in waiting]) == 3
+    assert dispatcher.release([(r.job_id, r.partition_at) for r in waiting]) == 3
     released = Job.objects.filter(status=QUEUED, attempts=0)
     assert released.count() == 3
     for job in released:  # in their place in the queue, not behind the backlog

@@ -12,7 +12,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 import trustme
@@ -31,6 +31,8 @@ HEADERS = {
     "webhook-signature": "v1,c2lnbmF0dXJl",
     "X-Broker-Metadata-Headers": "",  # always sent, empty when the message has none
 }
+# The time partition the requests here name: they are of no job, their results never recorded.
+NO_JOB = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def send(
@@ -46,7 +48,7 @@ def send(
             results = []
             for job_id, url in enumerate(urls, start=1):
                 body = b"" if stored else b'{"order": 42}'
-                request = DeliveryRequest(job_id, 1, 7, url, HEADERS, body, stored)
+                request = DeliveryRequest(job_id, NO_JOB, 1, 7, url, HEADERS, body, stored)
                 results.append(await sender(request, timeout, on_sent))
             return results
 
@@ -214,14 +216,16 @@ def test_the_sent_signal_tells_a_cut_off_request_from_one_never_sent(receiver):
 
     async def run() -> AttemptResult:
         async with open_sender(4) as sender:
-            request = DeliveryRequest(1, 1, 7, receiver.url(), HEADERS, b"{}")
+            request = DeliveryRequest(1, NO_JOB, 1, 7, receiver.url(), HEADERS, b"{}")
             task = asyncio.create_task(sender(request, 30, lambda: cut_off.append(1)))
             while not receiver.received:
                 await asyncio.sleep(0.01)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            closed = DeliveryRequest(2, 1, 7, f"http://127.0.0.1:{_closed_port()}/", HEADERS, b"")
+            closed = DeliveryRequest(
+                2, NO_JOB, 1, 7, f"http://127.0.0.1:{_closed_port()}/", HEADERS, b""
+            )
             return await sender(closed, 5, lambda: refused.append(1))
 
     result = asyncio.run(run())
@@ -299,7 +303,9 @@ def test_a_header_value_beyond_ascii_goes_out_in_utf8(receiver):
     async def run() -> AttemptResult:
         async with open_sender(1) as sender:
             headers = {**HEADERS, "X-Note": "café ¿"}
-            return await sender(DeliveryRequest(1, 1, 7, receiver.url(), headers, b"{}"), 5, None)
+            return await sender(
+                DeliveryRequest(1, NO_JOB, 1, 7, receiver.url(), headers, b"{}"), 5, None
+            )
 
     assert asyncio.run(run()).succeeded
     assert receiver.received[0].headers["X-Note"] == "café ¿"

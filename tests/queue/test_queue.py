@@ -225,7 +225,13 @@ def test_an_ordered_consumer_gets_only_the_head_of_each_key(backend, channel):
 
 def result_of(job: queue.ClaimedJob, status_code: int | None) -> AttemptResult:
     return AttemptResult(
-        job.job_id, job.attempt, job.consumer_id, NOW, 12.0, status_code=status_code
+        job.job_id,
+        job.partition_at,
+        job.attempt,
+        job.consumer_id,
+        NOW,
+        12.0,
+        status_code=status_code,
     )
 
 
@@ -295,7 +301,7 @@ def test_unsent_jobs_go_back_without_using_an_attempt(backend, channel):
     publish("m-1")
     [job] = queue.claim_for_push(1, NOW)
 
-    assert queue.release_unsent([job.job_id]) == 1
+    assert queue.release_unsent([(job.job_id, job.partition_at)]) == 1
     assert Job.objects.filter(status=QUEUED, attempts=0).count() == 1
 
 

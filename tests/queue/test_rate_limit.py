@@ -117,7 +117,14 @@ def test_a_429_with_retry_after_holds_back_every_job_of_its_consumer(backend, ch
         publish(f"m-{n}")
     first = next(j for j in queue.claim_for_push(1, NOW) if j.consumer_id == throttled.pk)
     result = AttemptResult(
-        first.job_id, first.attempt, throttled.pk, NOW, 5.0, status_code=429, retry_after=30
+        first.job_id,
+        first.partition_at,
+        first.attempt,
+        throttled.pk,
+        NOW,
+        5.0,
+        status_code=429,
+        retry_after=30,
     )
     outcome = decide(result, throttled, NOW)
     queue.record_outcomes([result], {first.job_id: outcome}, set(), "test", NOW)
@@ -140,7 +147,9 @@ def test_a_later_throttle_is_not_shortened_by_a_shorter_retry_after(backend, cha
     publish("m-0")
     Job.objects.update(status=INFLIGHT, attempts=1)
     job = Job.objects.get()
-    result = AttemptResult(job.pk, 1, consumer.pk, NOW, 5.0, status_code=429, retry_after=5)
+    result = AttemptResult(
+        job.pk, job.partition_at, 1, consumer.pk, NOW, 5.0, status_code=429, retry_after=5
+    )
 
     queue.record_outcomes([result], {job.pk: decide(result, consumer, NOW)}, set(), "t", NOW)
 
@@ -159,7 +168,9 @@ def test_a_later_throttle_is_not_shortened_by_a_shorter_retry_after(backend, cha
 )
 def test_which_answers_throttle_a_consumer(channel, status, retry_after, held_for):
     consumer = make_consumer(channel)
-    result = AttemptResult(1, 1, consumer.pk, NOW, 5.0, status_code=status, retry_after=retry_after)
+    result = AttemptResult(
+        1, NOW, 1, consumer.pk, NOW, 5.0, status_code=status, retry_after=retry_after
+    )
 
     outcome = decide(result, consumer, NOW)
 
