@@ -101,7 +101,7 @@ _JOB, _ATTEMPT = Job._meta.db_table, DeliveryAttempt._meta.db_table
 # again through the index entries of the jobs that earlier batches took. (For a queue smaller
 # than a batch the planner may rather read the consumer's jobs and sort them: as cheap then.)
 _RANGE_SQL = f"""
-SELECT id, status_changed_at FROM {_JOB}
+SELECT id, partition_at, created_at, status_changed_at FROM {_JOB}
 WHERE consumer_id = %(consumer)s AND status = '{DEAD}'
     AND status_changed_at >= %(since)s AND status_changed_at < %(before)s
 ORDER BY status_changed_at
@@ -109,20 +109,32 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 """  # noqa: S608 (table names from the models, constants: every value is a parameter)
 _KEYS_SQL = f"""
-SELECT id, status_changed_at FROM {_JOB}
+SELECT id, partition_at, created_at, status_changed_at FROM {_JOB}
 WHERE id = ANY(%(keys)s::bigint[]) AND status = '{DEAD}'
 FOR UPDATE SKIP LOCKED
 """  # noqa: S608
 
-# The picked jobs are named to the statements that change them by an array of their keys
+# The picked jobs are named to the statements that change them by arrays of their keys
 # (`= ANY(ARRAY(...))`), so that each reads them by its primary key or attempt_job_idx whatever
-# row count the planner guessed for the batch.
+# row count the planner guessed for the batch. The range of their time partitions is named too
+# (a range: PostgreSQL prunes partitions by it as the statement runs, but not by an array of
+# values): it then reads only those partitions, where by id alone it probed every partition's
+# index for every job (docs/performance.md). A dead job's attempts started after it was created and
+# before it died: only the attempt partitions between the batch's oldest creation and latest
+# death are read (a day wider each way, for the clocks of other hosts).
 _PICKED = "ANY(ARRAY(SELECT id FROM picked))"
+_PICKED_JOBS = f"""id = {_PICKED} AND status = '{DEAD}'
+    AND partition_at BETWEEN (SELECT min(partition_at) FROM picked)
+        AND (SELECT max(partition_at) FROM picked)"""  # noqa: S608
 # The jobs stay locked from the pick on, so `status = 'DEAD'` holds for each; it is the state
 # machine's condition all the same (JobQuerySet.transition).
 _PURGE = f"""
-attempts AS (DELETE FROM {_ATTEMPT} WHERE job_id = {_PICKED}),
-taken AS (DELETE FROM {_JOB} WHERE id = {_PICKED} AND status = '{DEAD}' RETURNING 1)
+attempts AS (
+    DELETE FROM {_ATTEMPT} WHERE job_id = {_PICKED}
+        AND started_at >= (SELECT min(created_at) FROM picked) - interval '1 day'
+        AND started_at <= (SELECT max(status_changed_at) FROM picked) + interval '1 day'
+),
+taken AS (DELETE FROM {_JOB} WHERE {_PICKED_JOBS} RETURNING 1)
 """  # noqa: S608
 
 
@@ -131,7 +143,7 @@ def _requeue(columns: list[str]) -> str:
     return f"""
 taken AS (
     UPDATE {_JOB} SET status = '{QUEUED}', {assignments}
-    WHERE id = {_PICKED} AND status = '{DEAD}' RETURNING 1
+    WHERE {_PICKED_JOBS} RETURNING 1
 )
 """  # noqa: S608
 
