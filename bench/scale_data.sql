@@ -78,7 +78,7 @@ ORDER BY i;
 -- consumer's last attempt, after the first for a non-retryable status); the rest DELIVERED,
 -- after 1 + a geometric number of failed attempts (bench.retry_p), capped at the consumer's
 -- attempts. Each job is in the time partition of its creation, as on a broker that ran for the
--- month (the build makes the daily partitions first).
+-- month (the build makes the time partitions first).
 INSERT INTO jobs_job (message_id, consumer_id, status, priority, ordering_key, attempts,
     next_attempt_at, lease_expires_at, incremental_timeout, last_error, created_at,
     status_changed_at, enqueued_at, partition_at)

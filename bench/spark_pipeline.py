@@ -9,7 +9,7 @@ them, checks the figures and the counts, and drops the database.
     .venv/bin/python bench/spark_pipeline.py                   # the targets' size
     .venv/bin/python bench/spark_pipeline.py --messages 25000  # a quick run (10x smaller)
 
-With `--copy-of broker_bench_scale` (the 25,000,000-job set of bench/scale.py, in daily
+With `--copy-of broker_bench_scale` (the 25,000,000-job set of bench/scale.py, in time
 partitions) it instead copies that database (CREATE DATABASE ... TEMPLATE) and runs only the
 archive on the copy, with `--retention-days` (default 28: the oldest days' partitions go), while
 a probe runs the dispatcher's claim every 100 ms on the copy: how long the archive takes per

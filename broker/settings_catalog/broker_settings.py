@@ -148,9 +148,10 @@ class BrokerSettings(SettingGroup, section=BROKER):
     )
     BROKER_PARTITION_DAYS = Setting(
         Integer(minimum=1),
-        1,
+        7,
         "PostgreSQL: the days of jobs (and attempts) each time partition holds; retention drops"
-        " whole partitions ([scaling](scaling.md#partitions))",
+        " whole partitions. Every claim plans over every partition: keep them few"
+        " ([scaling](scaling.md#partitions))",
     )
     BROKER_LIVE_COUNT_MAX_JOBS = Setting(
         Integer(minimum=0),

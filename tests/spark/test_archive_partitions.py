@@ -27,6 +27,12 @@ pytestmark = spark_test
 DAY = timedelta(days=1)
 
 
+@pytest.fixture(autouse=True)
+def daily_partitions(settings):
+    """The histories below are laid out in daily partitions (the default is weekly)."""
+    settings.BROKER_PARTITION_DAYS = 1
+
+
 class History:
     """Jobs placed in daily partitions 40 and 39 days back (the retention is 30 days)."""
 
