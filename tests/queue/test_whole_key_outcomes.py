@@ -25,8 +25,10 @@ CARRIED = NOW + 2 * DAY  # where retention carried them: a newer partition than 
 
 
 @pytest.fixture(autouse=True)
-def several_partitions():
-    """A partition a day from three days before NOW to a few days after it."""
+def several_partitions(settings):
+    """A partition a day from three days before NOW to a few days after it (a week's partition,
+    the default, would hold them all)."""
+    settings.BROKER_PARTITION_DAYS = 1
     partitions.ensure_partitions(CARRIED, since=NOW - 3 * DAY)
 
 
