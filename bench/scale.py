@@ -1293,11 +1293,10 @@ def timed_action(consumer: Any, action: str) -> dict[str, Any]:
     from jobs.queue.dead_jobs import DeadRange, count_range
 
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    probe, counter = ClaimProbe(), StatementCounter()
+    counter = StatementCounter()
     batches_ms: list[float] = []
     outcome, estimate_ms, started = "", 0.0, time.perf_counter()
-    with connection.execute_wrapper(counter):
-        probe.start()
+    with connection.execute_wrapper(counter), probing_beside() as probe:
         try:
             taken = dlq_actions.start(consumer, action)
             # What a hand-over to housekeeping counts once: the estimate of the total.
@@ -1317,8 +1316,6 @@ def timed_action(consumer: Any, action: str) -> dict[str, Any]:
         except Exception as error:  # what the API would answer 500 for
             outcome = f"FAILED: {type(error).__name__}: {str(error).strip()[:150]}"
         seconds = time.perf_counter() - started
-        probe.halt.set()
-        probe.join()
     return {
         "seconds": seconds,
         "outcome": outcome,
