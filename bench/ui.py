@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
@@ -599,7 +599,11 @@ def measure(page: Any, base: str, target: Target, runs: int) -> Result:
     return Result(target, times, first_bytes)
 
 
-def measure_all(base: str, url: str, history_end: datetime, runs: int) -> list[Result]:
+def measure_all(
+    base: str, url: str, history_end: datetime, runs: int, list_bound_ms: int = LIST_BOUND_MS
+) -> list[Result]:
+    """Every page, in one logged-in browser; the list and detail pages judged against
+    `list_bound_ms` (bench/scale.py passes issue 21's 500 ms at 25,000,000 jobs)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -613,6 +617,10 @@ def measure_all(base: str, url: str, history_end: datetime, runs: int) -> list[R
         second_page, *details = found_targets(page, base, url)
         targets[2:2] = [second_page]  # next to the first page
         targets += details
+        targets = [
+            replace(target, bound_ms=list_bound_ms) if target.bound_ms == LIST_BOUND_MS else target
+            for target in targets
+        ]
         results = []
         for target in targets:
             result = measure(page, base, target, runs)

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import OuterRef, Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -279,6 +279,23 @@ class DeliveryAttempt(models.Model):
         if self.consumer_id is None:  # the dispatcher sets it; anyone else gets the job's
             self.consumer_id = self.job.consumer_id
         super().save(*args, **kwargs)
+
+
+# The clocks of the hosts that write jobs and attempts differ a little: a job's attempts are
+# looked for in the time of its life widened by this much each way.
+CLOCK_ALLOWANCE = timedelta(days=1)
+
+
+def attempts_of_outer_dead_job() -> models.QuerySet[DeliveryAttempt]:
+    """The attempts of the dead job an outer query is at (OuterRef), for a subquery. A dead job's
+    attempts started between its creation and its death, so they are looked for there alone: on
+    PostgreSQL the subquery then reads only the attempt partitions of that time (pruned as it
+    runs), where by the job alone it probes every partition's index for every row."""
+    return DeliveryAttempt.objects.filter(
+        job=OuterRef("pk"),
+        started_at__gte=OuterRef("created_at") - CLOCK_ALLOWANCE,
+        started_at__lte=OuterRef("status_changed_at") + CLOCK_ALLOWANCE,
+    )
 
 
 class DispatcherHeartbeat(models.Model):

@@ -54,6 +54,15 @@ class Keyset:
             Q(**{f"{self.key}__{beyond}": key}) | Q(**{f"{self.tiebreaker}__{beyond}": tiebreaker}),
         )
 
+    def through(self, rows: QuerySet[M], position: tuple[Any, Any]) -> QuerySet[M]:
+        """The rows up to a position, the row at it included: those `after` leaves out."""
+        key, tiebreaker = position
+        side = "gt" if self.descending else "lt"
+        return rows.filter(
+            Q(**{f"{self.key}__{side}e": key}),
+            Q(**{f"{self.key}__{side}": key}) | Q(**{f"{self.tiebreaker}__{side}e": tiebreaker}),
+        )
+
     def cursor_of(self, row: Model) -> str:
         return "~".join(_text(getattr(row, name)) for name in (self.key, self.tiebreaker))
 

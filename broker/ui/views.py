@@ -4,12 +4,13 @@ broker/ui/job_actions.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import messages
-from django.db.models import BinaryField, Exists, F, Func, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models import BinaryField, Exists, F, Func, Q, QuerySet, Subquery, Value
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -20,7 +21,7 @@ from broker.ui import inputs, paging
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view
 from broker.ui.delivery_state import held_back_by
 from consumers.models import Consumer
-from jobs.models import DeliveryAttempt, Job
+from jobs.models import Job, attempts_of_outer_dead_job
 from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
 
 PREVIEW_BYTES = 4096
@@ -55,20 +56,25 @@ class DeadJobFilters(forms.Form):
 
     def apply(self, jobs: QuerySet[Job]) -> QuerySet[Job]:
         """The dead jobs the filters match, from the page's cursor on; those of the filters
-        that no index serves look through the next SEARCHED of the others' (`searched`)."""
+        that no index serves look through the next SEARCHED of the others' (`last_searched`)."""
         jobs = self.indexed(jobs)
         if not self.searches():
             return jobs
+        last = self.last_searched
+        if last is not None:
+            # The window as a range of the index rather than a list of keys: with a list the
+            # planner may read every dead job in order and test each against the list (with
+            # partitioned tables it did, docs/performance.md), with a range it reads SEARCHED.
+            jobs = DEAD_JOBS_ORDER.through(jobs, (last.status_changed_at, last.pk))
         data = self.cleaned_data
-        jobs = jobs.filter(pk__in=Subquery(jobs.values("pk")[:SEARCHED]))
         if data["status_code"] is not None:
             # A Q object: the annotation is unknown to the type checker's model of Job.
             jobs = jobs.filter(Q(last_status_code=data["status_code"]))
         if data["error"]:
             # What operators type is often in the answer ("connection to clickhouse:9000
             # refused" under a bare "HTTP 503"): the job's last error or any of its attempts'.
-            answered = DeliveryAttempt.objects.filter(
-                job=OuterRef("pk"), response_excerpt__icontains=data["error"]
+            answered = attempts_of_outer_dead_job().filter(
+                response_excerpt__icontains=data["error"]
             )
             jobs = jobs.filter(Q(last_error__icontains=data["error"]) | Exists(answered))
         return jobs
@@ -90,17 +96,19 @@ class DeadJobFilters(forms.Form):
         """Whether a filter that no index serves is given: status code or error text."""
         return self.cleaned_data["status_code"] is not None or bool(self.cleaned_data["error"])
 
-    def searched(self, jobs: QuerySet[Job]) -> Job | None:
-        """The last dead job a search by status code or error text looked through, when it
-        looked through a full SEARCHED and older ones may match too; None otherwise."""
+    @functools.cached_property
+    def last_searched(self) -> Job | None:
+        """The last dead job a search by status code or error text looks through, when there
+        are SEARCHED and older ones may match too; None otherwise (no such search, or it sees
+        every dead job the other filters leave)."""
         if not self.searches():
             return None
-        last = DEAD_JOBS_ORDER.ordered(self.indexed(jobs))[SEARCHED - 1 : SEARCHED]
-        return next(iter(last), None)
+        jobs = DEAD_JOBS_ORDER.ordered(self.indexed(Job.objects.filter(status=DEAD)))
+        return next(iter(jobs.only("status_changed_at")[SEARCHED - 1 : SEARCHED]), None)
 
 
 def dead_jobs_with_last_status() -> QuerySet[Job]:
-    last_attempt = DeliveryAttempt.objects.filter(job=OuterRef("pk")).order_by("-started_at")
+    last_attempt = attempts_of_outer_dead_job().order_by("-started_at")
     return DEAD_JOBS_ORDER.ordered(
         Job.objects.filter(status=DEAD)
         .select_related("message", "consumer")
@@ -136,7 +144,7 @@ def dead_jobs(request: HttpRequest) -> HttpResponse:
 def search_older(request: HttpRequest, filters: DeadJobFilters) -> str | None:
     """The query string that searches on past the dead jobs this page's search looked through,
     when it stopped at SEARCHED of them; None when it saw every one."""
-    last = filters.searched(Job.objects.filter(status=DEAD))
+    last = filters.last_searched
     if last is None:
         return None
     query = request.GET.copy()

@@ -124,6 +124,34 @@ def test_a_search_looks_through_a_bounded_number_and_offers_the_next(staff_clien
     assert "Search the next 2" in first.content.decode()
 
 
+def test_searches_walk_jobs_that_died_at_the_same_moment_once_each(staff_client, monkeypatch):
+    monkeypatch.setattr("broker.ui.views.SEARCHED", 2)
+    moment = timezone.now() - timedelta(hours=1)
+    jobs = [dead_job(error="HTTP 503") for _ in range(5)]
+    Job.objects.filter(pk__in=[job.pk for job in jobs]).update(status_changed_at=moment)
+    Job.objects.filter(pk__in=[jobs[1].pk, jobs[2].pk]).update(last_error="clickhouse refused")
+
+    found, query, windows = [], "error=clickhouse", 0
+    while query is not None:
+        response = staff_client.get(f"/ui/dead-jobs?{query}")
+        found += listed(response)
+        query, windows = response.context["search_older"], windows + 1
+
+    assert sorted(found) == sorted([jobs[1].pk, jobs[2].pk])  # each once, none skipped
+    assert windows == 3  # 2 + 2 + 1 jobs looked through
+
+
+def test_searches_find_attempts_whose_host_clock_was_behind(staff_client):
+    job = dead_job(error="HTTP 503")
+    behind = add_attempt(job, status_code=502, response_excerpt="upstream clickhouse is down")
+    DeliveryAttempt.objects.filter(pk=behind.pk).update(
+        started_at=job.created_at - timedelta(minutes=10)
+    )
+
+    assert listed(staff_client.get("/ui/dead-jobs", {"error": "clickhouse"})) == [job.pk]
+    assert listed(staff_client.get("/ui/dead-jobs", {"status_code": 502})) == [job.pk]
+
+
 def test_pages_follow_a_cursor_without_counting(staff_client, monkeypatch):
     monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     jobs = [dead_job(died_ago=timedelta(minutes=minutes)) for minutes in range(5)]
