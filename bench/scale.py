@@ -101,6 +101,7 @@ from ui import (
     migrate,
     timed,
 )
+from ui import explain as explain_pages
 from ui import measure_all as measure_pages
 from ui import print_table as print_pages
 
@@ -172,8 +173,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument(
         "--explain",
         action="store_true",
-        help="for each endpoint over its bound, its slowest queries with EXPLAIN (ANALYZE,"
-        " BUFFERS)",
+        help="for each endpoint (and with --ui each page) over its bound, its slowest queries with"
+        " EXPLAIN (ANALYZE, BUFFERS)",
     )
     args = parser.parse_args()
     args.jobs = args.jobs or round(DEFAULT_JOBS * (args.scale or 1))
@@ -1575,6 +1576,8 @@ def main() -> None:
         print_dlq_actions(measure_dlq_actions(server_env, url))
     if args.explain:
         explain(results)
+        if args.ui:
+            explain_pages(pages)
 
 
 if __name__ == "__main__":
