@@ -1175,6 +1175,24 @@ class RolledBack(Exception):
     """Raised to leave the measured transaction without committing it."""
 
 
+def rolled_back_claim(limit: int = 10) -> tuple[float, int]:
+    """The dispatcher's claim of up to `limit` due jobs (jobs.queue.claim_for_push) in a
+    transaction rolled back, on this thread's connection: (milliseconds, jobs claimed)."""
+    from django.db import transaction
+
+    from jobs.queue import claim_for_push
+
+    claimed = 0
+    started = time.perf_counter()
+    try:
+        with transaction.atomic():
+            claimed = len(claim_for_push(limit))
+            raise RolledBack
+    except RolledBack:
+        pass
+    return 1000 * (time.perf_counter() - started), claimed
+
+
 class ClaimProbe(threading.Thread):
     """The dispatcher's claim of up to 10 due jobs every PROBE_SECONDS, each rolled back; how
     long each took."""
@@ -1186,20 +1204,13 @@ class ClaimProbe(threading.Thread):
         self.claimed = 0
 
     def run(self) -> None:
-        from django.db import connection, transaction
-
-        from jobs.queue import claim_for_push
+        from django.db import connection
 
         try:
             while not self.halt.is_set():
-                started = time.perf_counter()
-                try:
-                    with transaction.atomic():
-                        self.claimed += len(claim_for_push(10))
-                        raise RolledBack
-                except RolledBack:
-                    pass
-                self.times_ms.append(1000 * (time.perf_counter() - started))
+                took_ms, claimed = rolled_back_claim()
+                self.claimed += claimed
+                self.times_ms.append(took_ms)
                 self.halt.wait(PROBE_SECONDS)
         finally:
             connection.close()
