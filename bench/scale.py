@@ -672,14 +672,6 @@ def without_partition_key(statement: str) -> str:
     return changed
 
 
-UNATTACHED_INDEXES = """
-SELECT index.relname FROM pg_inherits partition
-JOIN pg_index ON pg_index.indrelid = partition.inhrelid
-JOIN pg_class index ON index.oid = pg_index.indexrelid
-WHERE partition.inhparent IN ('jobs_job'::regclass, 'jobs_deliveryattempt'::regclass)
-    AND (NOT pg_index.indisvalid
-         OR NOT EXISTS (SELECT FROM pg_inherits parent WHERE parent.inhrelid = index.oid))
-"""
 CONTENTS = """
 SELECT (SELECT jsonb_object_agg(status, n) FROM
         (SELECT status, count(*) AS n FROM jobs_job GROUP BY status) AS s),
@@ -691,6 +683,8 @@ def upgrade(url: str, env: dict[str, str]) -> None:
     """`manage.py migrate` over the database built at an older migration, timed; exits 1
     unless every job and attempt is kept as it was, in partitioned tables whose every index
     is valid and attached."""
+    from jobs.partitions import UNATTACHED_INDEXES_SQL
+
     with psycopg.connect(url, autocommit=True) as conn:
         before = conn.execute(CONTENTS).fetchone()
     started = time.monotonic()
@@ -702,7 +696,7 @@ def upgrade(url: str, env: dict[str, str]) -> None:
             "SELECT count(*) FROM pg_partitioned_table"
             " WHERE partrelid IN ('jobs_job'::regclass, 'jobs_deliveryattempt'::regclass)"
         ).fetchone() == (2,)
-        unattached = [name for (name,) in conn.execute(UNATTACHED_INDEXES).fetchall()]
+        unattached = [name for (name,) in conn.execute(UNATTACHED_INDEXES_SQL).fetchall()]
     if before is None or after is None:
         raise RuntimeError("no contents counted")
     ok = before == after and partitioned and not unattached

@@ -216,26 +216,17 @@ def parquet_rows(output: str) -> str:
 
 # --- the archive of a copy of the 25M set --------------------------------------------------
 
-# The dispatcher's claim (rolled back) every 100 ms until stdin closes; its times as JSON.
+# The claim probe of bench/scale.py (the dispatcher's claim of 10, rolled back, every 100 ms), in
+# a process of its own on the copy until its stdin closes; the claims' times as JSON on stdout.
 CLAIM_PROBE = """
-import json, sys, threading, time
+import json, sys
 import django
 django.setup()
-from django.db import transaction
-from jobs.queue import claim_for_push
-done, times = threading.Event(), []
-threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-while not done.is_set():
-    started = time.perf_counter()
-    try:
-        with transaction.atomic():
-            claim_for_push(10)
-            raise RuntimeError("rolled back")
-    except RuntimeError:
-        pass
-    times.append(1000 * (time.perf_counter() - started))
-    done.wait(0.1)
-print(json.dumps(times))
+sys.path.insert(0, "bench")
+from scale import probing_beside
+with probing_beside() as probe:
+    sys.stdin.read()
+print(json.dumps(probe.times_ms))
 """
 
 

@@ -236,14 +236,4 @@ def statuses(database: psycopg.Connection, table: str = "jobs_job") -> dict[str,
 
 def unattached_indexes(database: psycopg.Connection) -> list[str]:
     """The partitions' indexes that are invalid or that no index of their parent holds."""
-    rows = database.execute(
-        """
-        SELECT index.relname FROM pg_inherits partition
-        JOIN pg_index ON pg_index.indrelid = partition.inhrelid
-        JOIN pg_class index ON index.oid = pg_index.indexrelid
-        WHERE partition.inhparent IN ('jobs_job'::regclass, 'jobs_deliveryattempt'::regclass)
-          AND (NOT pg_index.indisvalid
-               OR NOT EXISTS (SELECT 1 FROM pg_inherits parent WHERE parent.inhrelid = index.oid))
-        """
-    ).fetchall()
-    return [row[0] for row in rows]
+    return [name for (name,) in database.execute(partitions.UNATTACHED_INDEXES_SQL).fetchall()]
