@@ -25,7 +25,14 @@ from django.db import connection, transaction
 from django.db.models import Field, QuerySet
 from django.utils import timezone
 
-from jobs.models import DeadLetterAction, DeliveryAttempt, Job, _requeue_changes, delete_jobs
+from jobs.models import (
+    CLOCK_ALLOWANCE,
+    DeadLetterAction,
+    DeliveryAttempt,
+    Job,
+    _requeue_changes,
+    delete_jobs,
+)
 from jobs.states import DEAD, QUEUED, check_transition
 
 REQUEUE, PURGE = DeadLetterAction.Kind.REQUEUE, DeadLetterAction.Kind.PURGE
@@ -121,7 +128,8 @@ FOR UPDATE SKIP LOCKED
 # values): it then reads only those partitions, where by id alone it probed every partition's
 # index for every job (docs/performance.md). A dead job's attempts started after it was created and
 # before it died: only the attempt partitions between the batch's oldest creation and latest
-# death are read (a day wider each way, for the clocks of other hosts).
+# death are read (CLOCK_ALLOWANCE wider each way, for the clocks of other hosts).
+_ALLOWANCE = f"interval '{CLOCK_ALLOWANCE.total_seconds():.0f} seconds'"
 _PICKED = "ANY(ARRAY(SELECT id FROM picked))"
 _PICKED_JOBS = f"""id = {_PICKED} AND status = '{DEAD}'
     AND partition_at BETWEEN (SELECT min(partition_at) FROM picked)
@@ -131,8 +139,8 @@ _PICKED_JOBS = f"""id = {_PICKED} AND status = '{DEAD}'
 _PURGE = f"""
 attempts AS (
     DELETE FROM {_ATTEMPT} WHERE job_id = {_PICKED}
-        AND started_at >= (SELECT min(created_at) FROM picked) - interval '1 day'
-        AND started_at <= (SELECT max(status_changed_at) FROM picked) + interval '1 day'
+        AND started_at >= (SELECT min(created_at) FROM picked) - {_ALLOWANCE}
+        AND started_at <= (SELECT max(status_changed_at) FROM picked) + {_ALLOWANCE}
 ),
 taken AS (DELETE FROM {_JOB} WHERE {_PICKED_JOBS} RETURNING 1)
 """  # noqa: S608
