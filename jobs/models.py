@@ -281,20 +281,19 @@ class DeliveryAttempt(models.Model):
         super().save(*args, **kwargs)
 
 
-# The clocks of the hosts that write jobs and attempts differ a little: a job's attempts are
-# looked for in the time of its life widened by this much each way.
+# The clocks of the hosts that write jobs (the API's) and attempts (the dispatchers') differ a
+# little: a job's attempts are looked for from this long before its creation.
 CLOCK_ALLOWANCE = timedelta(days=1)
 
 
-def attempts_of_outer_dead_job() -> models.QuerySet[DeliveryAttempt]:
-    """The attempts of the dead job an outer query is at (OuterRef), for a subquery. A dead job's
-    attempts started between its creation and its death, so they are looked for there alone: on
-    PostgreSQL the subquery then reads only the attempt partitions of that time (pruned as it
-    runs), where by the job alone it probes every partition's index for every row."""
+def attempts_of_outer_job() -> models.QuerySet[DeliveryAttempt]:
+    """The attempts of the job an outer query is at (OuterRef), for a subquery. A job's attempts
+    started after it was created, so they are looked for from then on: on PostgreSQL the
+    subquery then reads only the attempt partitions since (pruned as it runs), where by the job
+    alone it probes every partition's index for every row. (No upper bound: an attempt is
+    stamped when it starts and may be recorded long after, by a dispatcher that was stalled.)"""
     return DeliveryAttempt.objects.filter(
-        job=OuterRef("pk"),
-        started_at__gte=OuterRef("created_at") - CLOCK_ALLOWANCE,
-        started_at__lte=OuterRef("status_changed_at") + CLOCK_ALLOWANCE,
+        job=OuterRef("pk"), started_at__gte=OuterRef("created_at") - CLOCK_ALLOWANCE
     )
 
 

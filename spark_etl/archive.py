@@ -364,13 +364,13 @@ class Archiver:
             f"SELECT j.*, {placed} FROM {detached} j"  # noqa: S608
             f" JOIN {tables.MESSAGE} m ON m.id = j.message_id"
         )
-        # A job's attempts start after it was created: the attempt partitions before the oldest
-        # job's creation are not read.
+        # A job's attempts start after it was created (by another host's clock: the allowance),
+        # so the attempt partitions before the oldest job's creation are not read.
         attempts = (
             f"SELECT a.*, j.message_id, {placed} FROM {tables.ATTEMPT} a"  # noqa: S608
             f" JOIN {detached} j ON j.id = a.job_id"
             f" JOIN {tables.MESSAGE} m ON m.id = j.message_id"
-            f" WHERE a.started_at >= {store.oldest_created(self.conn, partition.name)}"
+            f" WHERE a.started_at >= {store.attempts_since(self.conn, partition.name)}"
         )
         return self.partition_frames(
             {"jobs": (jobs, "id"), "attempts": (attempts, "job_id")}, bounds

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -393,6 +393,10 @@ def delete_with_references(conn: Connection, table: str, ids: list[int]) -> None
 
 DETACHED = "detached"  # then WRITTEN, PUBLISHED, DONE, as a batch
 LOCK_TIMEOUT = "1s"  # the longest a detach may make the broker's writers wait for it
+# A job's attempts are stamped by the clock of the dispatcher that made them, its creation by the
+# API's: jobs.models.CLOCK_ALLOWANCE, how far apart they may be (the package runs without Django;
+# tests/spark/test_tables.py keeps the two equal).
+CLOCK_ALLOWANCE = timedelta(days=1)
 LOCK_TRIES = 3
 
 
@@ -510,14 +514,15 @@ def id_bounds(conn: Connection, relation: str, column: str) -> tuple[int, int] |
     return (row[0], row[1]) if row and row[0] is not None else None
 
 
-def oldest_created(conn: Connection, relation: str) -> str:
-    """The earliest creation time of the jobs in `relation`, as an SQL literal (a literal, not a
-    parameter, lets PostgreSQL skip the partitions before it when it plans)."""
+def attempts_since(conn: Connection, relation: str) -> str:
+    """When the attempts of the jobs in `relation` can have started, at the earliest, as an SQL
+    literal: their earliest creation, less CLOCK_ALLOWANCE (a literal, not a parameter, lets
+    PostgreSQL skip the partitions before it when it plans)."""
     row = conn.execute(
         sql.SQL("SELECT min(created_at) FROM {}").format(sql.Identifier(relation))
     ).fetchone()
     oldest = row[0] if row and row[0] is not None else datetime.now(UTC)
-    return f"'{oldest.astimezone(UTC).isoformat()}'::timestamptz"
+    return f"'{(oldest - CLOCK_ALLOWANCE).astimezone(UTC).isoformat()}'::timestamptz"
 
 
 def count_rows(conn: Connection, query: str) -> int:

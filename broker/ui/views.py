@@ -21,7 +21,7 @@ from broker.ui import inputs, paging
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view
 from broker.ui.delivery_state import held_back_by
 from consumers.models import Consumer
-from jobs.models import Job, attempts_of_outer_dead_job
+from jobs.models import Job, attempts_of_outer_job
 from jobs.states import DEAD, ForbiddenTransition, TransitionConflict
 
 PREVIEW_BYTES = 4096
@@ -73,9 +73,7 @@ class DeadJobFilters(forms.Form):
         if data["error"]:
             # What operators type is often in the answer ("connection to clickhouse:9000
             # refused" under a bare "HTTP 503"): the job's last error or any of its attempts'.
-            answered = attempts_of_outer_dead_job().filter(
-                response_excerpt__icontains=data["error"]
-            )
+            answered = attempts_of_outer_job().filter(response_excerpt__icontains=data["error"])
             jobs = jobs.filter(Q(last_error__icontains=data["error"]) | Exists(answered))
         return jobs
 
@@ -108,7 +106,7 @@ class DeadJobFilters(forms.Form):
 
 
 def dead_jobs_with_last_status() -> QuerySet[Job]:
-    last_attempt = attempts_of_outer_dead_job().order_by("-started_at")
+    last_attempt = attempts_of_outer_job().order_by("-started_at")
     return DEAD_JOBS_ORDER.ordered(
         Job.objects.filter(status=DEAD)
         .select_related("message", "consumer")

@@ -128,7 +128,9 @@ FOR UPDATE SKIP LOCKED
 # values): it then reads only those partitions, where by id alone it probed every partition's
 # index for every job (docs/performance.md). A dead job's attempts started after it was created and
 # before it died: only the attempt partitions between the batch's oldest creation and latest
-# death are read (CLOCK_ALLOWANCE wider each way, for the clocks of other hosts).
+# death are read (CLOCK_ALLOWANCE wider each way, for the clocks of other hosts). An attempt
+# recorded more than that after its job died (by a dispatcher stalled for a day) is left behind,
+# an orphan row that goes with its partition.
 _ALLOWANCE = f"interval '{CLOCK_ALLOWANCE.total_seconds():.0f} seconds'"
 _PICKED = "ANY(ARRAY(SELECT id FROM picked))"
 _PICKED_JOBS = f"""id = {_PICKED} AND status = '{DEAD}'

@@ -10,7 +10,8 @@ import pytest
 from django.apps import apps
 from django.db import models
 
-from spark_etl import tables
+from jobs.models import CLOCK_ALLOWANCE
+from spark_etl import store, tables
 from spark_etl.config import EtlConfig
 
 
@@ -72,3 +73,7 @@ def test_what_the_archive_deletes_it_archives() -> None:
             if reference.on_delete is tables.OnDelete.CASCADE
         ]
     assert reached == set(tables.ARCHIVED) == set(tables.ARCHIVE_DELETES)
+
+
+def test_the_archive_allows_for_the_clocks_as_the_broker_does() -> None:
+    assert store.CLOCK_ALLOWANCE == CLOCK_ALLOWANCE

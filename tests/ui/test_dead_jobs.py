@@ -152,6 +152,16 @@ def test_searches_find_attempts_whose_host_clock_was_behind(staff_client):
     assert listed(staff_client.get("/ui/dead-jobs", {"status_code": 502})) == [job.pk]
 
 
+def test_searches_find_attempts_recorded_long_after_the_job_died(staff_client):
+    job = dead_job(died_ago=timedelta(days=3), error="HTTP 503")
+    Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(days=4))
+    late = add_attempt(job, status_code=504, response_excerpt="clickhouse timed out")
+    DeliveryAttempt.objects.filter(pk=late.pk).update(started_at=timezone.now())  # 3 days on
+
+    assert listed(staff_client.get("/ui/dead-jobs", {"error": "clickhouse"})) == [job.pk]
+    assert listed(staff_client.get("/ui/dead-jobs", {"status_code": 504})) == [job.pk]
+
+
 def test_pages_follow_a_cursor_without_counting(staff_client, monkeypatch):
     monkeypatch.setattr("broker.ui.paging.PAGE_SIZE", 2)
     jobs = [dead_job(died_ago=timedelta(minutes=minutes)) for minutes in range(5)]
