@@ -38,7 +38,6 @@ import os
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -60,7 +59,7 @@ from dispatch_harness import (
     process_cpu,
 )
 from psycopg import ClientCursor
-from scale import print_rows, rolled_back_claim
+from scale import json_of_child, print_rows, rolled_back_claim
 from ui import create_database, database_url, migrate
 
 CLAIM = 10  # jobs per claim, as the probes of scale.py claim
@@ -293,14 +292,7 @@ def measure_layout(layout: Layout, args: argparse.Namespace) -> dict[str, Any]:
         sys.executable, __file__, "--child", layout.text, "--jobs", str(args.jobs),
         "--runs", str(args.runs), "--warmup", str(args.warmup),
     ]  # fmt: skip
-    done = subprocess.run(  # noqa: S603
-        command, cwd=ROOT, env=env, capture_output=True, text=True, check=False
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode or not lines:
-        print(done.stdout[-2000:] + done.stderr[-4000:], file=sys.stderr)
-        raise RuntimeError(f"{layout.text}: the child failed with {done.returncode}")
-    result: dict[str, Any] = json.loads(lines[-1])
+    result = json_of_child(command, env, layout.text)
     auto = statistics.median(result["modes"]["auto"]["times_ms"])
     print(
         f"  {layout.label}: {result['partitions']} partitions of jobs, claim median {auto:.1f} ms"

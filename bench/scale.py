@@ -1077,7 +1077,11 @@ def dispatch_child() -> None:
 
 def run_child(option: str, env: dict[str, str], label: str) -> dict[str, Any]:
     """This script again with `option`, in `env`; the JSON line it printed last."""
-    command = [sys.executable, __file__, option]
+    return json_of_child([sys.executable, __file__, option], env, label)
+
+
+def json_of_child(command: list[str], env: dict[str, str], label: str) -> dict[str, Any]:
+    """`command` run in `env`; the JSON line it printed last (its output shown if it failed)."""
     done = subprocess.run(  # noqa: S603
         command, cwd=ROOT, env=env, capture_output=True, text=True, check=False
     )
