@@ -1507,18 +1507,29 @@ def explain(results: list[Result]) -> None:
                 print("\n".join(line for (line,) in cursor.fetchall()))
 
 
-# --- main -----------------------------------------------------------------------------------
-
-
-# --- the operator UI (--ui) -----------------------------------------------------------------
+# --- what housekeeping keeps, and the operator UI (--ui) ------------------------------------
 
 UI_BOUND_MS = 500  # issue 21: the dashboard and lists at 25,000,000 jobs
+
+
+def run_housekeeping(command_name: str, what: str, env: dict[str, str]) -> None:
+    """`manage.py command_name`, a refresh housekeeping runs on its schedule, timed."""
+    started = time.monotonic()
+    command = [sys.executable, "manage.py", command_name]
+    subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)  # noqa: S603
+    print(f"{what} refreshed in {time.monotonic() - started:.1f} s")
+
+
+def refresh_job_status_summary(env: dict[str, str]) -> None:
+    """The summary housekeeping keeps every 5 minutes (jobs/status_summary.py): the job counts
+    past their live limits are read from it."""
+    run_housekeeping("refresh_job_status_summary", "job status summary", env)
 
 
 def prepare_ui(url: str, env: dict[str, str]) -> None:
     """What only the UI reads, as a broker that has run for a month has it: the delivery
     reports Spark would have written (ui_data.sql's reports step, once), and the dashboard's
-    rollup as housekeeping keeps it (timed)."""
+    rollup as housekeeping keeps it."""
     plan = stored_plan(url)
     if plan is None:
         raise RuntimeError("the database has no bench_scale_plan row")
@@ -1527,19 +1538,10 @@ def prepare_ui(url: str, env: dict[str, str]) -> None:
         builder.step("reports", run_sql(sql_steps()["reports"]))
     finally:
         builder.conn.close()
-    started = time.monotonic()
-    command = [sys.executable, "manage.py", "refresh_delivery_stats"]
-    subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)  # noqa: S603
-    print(f"dashboard rollup refreshed in {time.monotonic() - started:.1f} s")
+    run_housekeeping("refresh_delivery_stats", "dashboard rollup", env)
 
 
-def refresh_job_status_summary(env: dict[str, str]) -> None:
-    """The summary housekeeping keeps every 5 minutes (jobs/status_summary.py), timed: the job
-    counts past their live limits are read from it."""
-    started = time.monotonic()
-    command = [sys.executable, "manage.py", "refresh_job_status_summary"]
-    subprocess.run(command, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)  # noqa: S603
-    print(f"job status summary refreshed in {time.monotonic() - started:.1f} s")
+# --- main -----------------------------------------------------------------------------------
 
 
 def main() -> None:

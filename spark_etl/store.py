@@ -393,11 +393,11 @@ def delete_with_references(conn: Connection, table: str, ids: list[int]) -> None
 
 DETACHED = "detached"  # then WRITTEN, PUBLISHED, DONE, as a batch
 LOCK_TIMEOUT = "1s"  # the longest a detach may make the broker's writers wait for it
+LOCK_TRIES = 3
 # A job's attempts are stamped by the clock of the dispatcher that made them, its creation by the
 # API's: jobs.models.CLOCK_ALLOWANCE, how far apart they may be (the package runs without Django;
 # tests/spark/test_tables.py keeps the two equal).
 CLOCK_ALLOWANCE = timedelta(days=1)
-LOCK_TRIES = 3
 
 
 @dataclass
