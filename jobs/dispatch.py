@@ -33,6 +33,7 @@ from consumers.models import Consumer
 from jobs import queue
 from jobs.consumer_cache import ConsumerCache, UnreadableConsumer
 from jobs.delivery import REQUEST_ERROR, AttemptResult, DeliveryRequest, describe_error, unanswered
+from jobs.fair_share import FairShare
 from jobs.health import Health
 from jobs.maintenance import HOUSEKEEPING_SECONDS, RELEASE_SECONDS, Maintenance
 from jobs.metrics import DELIVERIES, DELIVERY_SECONDS
@@ -57,6 +58,10 @@ class DispatcherConfig:
     batch_size: int = 100  # jobs taken per claim
     poll_seconds: float = 1.0  # longest idle wait when no NOTIFY arrives
     grace_seconds: float = 10.0  # on SIGTERM, how long in-flight deliveries may finish
+    # Fair share (jobs/fair_share.py): an answer slower than this makes its consumer slow, and
+    # slow consumers together hold at most this share of the slots.
+    slow_seconds: float = 1.0
+    slow_share: float = 0.5
     dispatcher_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
@@ -71,6 +76,9 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._sent: set[int] = set()  # job IDs whose request headers are on the wire
         self._consumers = ConsumerCache()  # decrypted, as of their changed_at
+        self.fair_share = FairShare(
+            self.config.concurrency, self.config.slow_seconds, self.config.slow_share
+        )
         self._finished: list[AttemptResult] = []  # kept until recorded, across database outages
         # Consumers that answered 429 with Retry-After, until when (monotonic): jobs of theirs
         # waiting for a slot here are given back unsent.
@@ -91,7 +99,10 @@ class Dispatcher:
     def claim(self, limit: int) -> list[DeliveryRequest]:
         """Take up to `limit` due jobs of push consumers that may receive, and build requests."""
         now = timezone.now()
-        claimed = queue.claim_for_push(limit, now)
+        claimed = queue.claim_for_push(
+            limit, now, self.fair_share.rooms(), self.config.dispatcher_id
+        )
+        self.fair_share.claimed(claimed)
         logger.debug("claimed %d of up to %d jobs", len(claimed), limit)
         consumers = self._consumers.as_of_claim(claimed)
         requests, unsendable = [], []
@@ -119,6 +130,7 @@ class Dispatcher:
         connection lost meanwhile raises UnrecordedOutcomes with those not recorded yet.
         """
         results = list(results)
+        self.fair_share.finished(results)  # their slots are this dispatcher's again
         try:
             recorded = self._complete_batch(results)
         except CONNECTION_ERRORS:
@@ -171,6 +183,8 @@ class Dispatcher:
     def release(self, keys: Iterable[JobKey]) -> int:
         """Give claimed jobs that were never sent back to the queue, without using an attempt;
         by their whole primary keys, (id, partition_at)."""
+        keys = list(keys)
+        self.fair_share.released(job_id for job_id, _ in keys)
         return queue.release_unsent(keys)
 
     def beat(self, in_flight: int = 0) -> None:
@@ -292,6 +306,7 @@ class Dispatcher:
             await asyncio.sleep(max((request.send_at - timezone.now()).total_seconds(), 0))
         if self._throttled_until.get(request.consumer_id, 0.0) > time.monotonic():
             return None
+        self.fair_share.sending(request.consumer_id, request.job_id)
         try:
             # `_drain` needs to know which requests went on the wire.
             result = await send(request, timeout, self._sent_marker(request))

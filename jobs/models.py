@@ -95,6 +95,10 @@ class Job(models.Model):
         default=timezone.now
     )  # not claimable before this (backoff)
     lease_expires_at = models.DateTimeField(null=True, blank=True)  # set while INFLIGHT
+    # The dispatcher that holds it (its DispatcherHeartbeat's dispatcher_id), while a push
+    # claim's INFLIGHT: if that dispatcher dies, its jobs go back to the queue at once rather
+    # than when their leases run out (jobs/queue/leases.py). Null for pull consumers' jobs.
+    claimed_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001 (none: no holder)
     incremental_timeout = models.PositiveIntegerField(default=0)  # pull: extra lease seconds
     last_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)

@@ -40,6 +40,7 @@ from jobs.queue.reports import PULL_FAILED, held_report, report_pull_outcomes
 from jobs.queue.rules import lease_expiry
 from jobs.queue.types import (
     ClaimedJob,
+    ClaimRooms,
     Inserted,
     InsertedBatch,
     JobKey,
@@ -57,6 +58,7 @@ from jobs.states import DELIVERED, INFLIGHT, QUEUED, JobStatus, check_transition
 __all__ = [
     "PULL_FAILED",
     "RELEASE_BATCH",
+    "ClaimRooms",
     "ClaimedJob",
     "Inserted",
     "InsertedBatch",
@@ -127,14 +129,25 @@ def replay_delivered(job_ids: list[int]) -> int:
     return Job.objects.filter(pk__in=job_ids).replay_delivered()
 
 
-def claim_for_push(limit: int, now: datetime | None = None) -> list[ClaimedJob]:
+def claim_for_push(
+    limit: int,
+    now: datetime | None = None,
+    rooms: ClaimRooms | None = None,
+    dispatcher_id: str | None = None,
+) -> list[ClaimedJob]:
     """Take up to `limit` due jobs of push consumers that may receive (rules.py), best priority
-    first: INFLIGHT under a lease, one attempt more, whatever their requests need returned.
+    first, taking turns between consumers: INFLIGHT under a lease, one attempt more, whatever
+    their requests need returned. `rooms`: how many of each consumer's jobs the dispatcher
+    will take (jobs/fair_share.py); none: up to each consumer's maxInFlight. `dispatcher_id`
+    marks the jobs as that dispatcher's, so that they go back to the queue early if it dies
+    (`reclaim_from_dead_dispatchers`).
 
     Any number of dispatchers may claim at once: no job is taken twice.
     """
     check_transition(QUEUED, INFLIGHT)
-    claimed = backend.implementation().claim_for_push(limit, now or timezone.now())
+    claimed = backend.implementation().claim_for_push(
+        limit, now or timezone.now(), rooms or ClaimRooms.unbounded(limit), dispatcher_id
+    )
     return sorted(claimed, key=lambda job: (-job.priority, job.due_at))
 
 

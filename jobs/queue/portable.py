@@ -37,6 +37,7 @@ from jobs.queue.rules import (
 from jobs.queue.types import (
     CLAIM_COLUMNS,
     ClaimedJob,
+    ClaimRooms,
     Inserted,
     InsertedBatch,
     MessageBatch,
@@ -121,9 +122,11 @@ class PortableQueue(PortablePullOperations):
                 for message in due
             )
 
-    def claim_for_push(self, limit: int, now: datetime) -> list[ClaimedJob]:
+    def claim_for_push(
+        self, limit: int, now: datetime, rooms: ClaimRooms, dispatcher_id: str | None
+    ) -> list[ClaimedJob]:
         with transaction.atomic():
-            room = _consumer_room(now)
+            room = _consumer_room(now, rooms)
             taken = _due_jobs(room, limit, now)
             ids = [pk for pk, _ in taken]
             Job.objects.filter(pk__in=ids).transition(
@@ -131,6 +134,7 @@ class PortableQueue(PortablePullOperations):
                 INFLIGHT,
                 attempts=F("attempts") + 1,
                 lease_expires_at=push_lease_expiry(now),
+                claimed_by=dispatcher_id,
             )
             send_at = _book_slots([c for c in room if c.max_per_second], taken, now)
         rows = Job.objects.filter(pk__in=ids, status=INFLIGHT).values_list(*CLAIM_COLUMNS)
@@ -219,9 +223,10 @@ def _due_jobs(room: dict[Consumer, int], limit: int, now: datetime) -> list[tupl
     return [(pk, consumer_id) for _, _, pk, consumer_id in candidates[:limit]]
 
 
-def _consumer_room(now: datetime) -> dict[Consumer, int]:
+def _consumer_room(now: datetime, rooms: ClaimRooms) -> dict[Consumer, int]:
     """How many more jobs each push consumer that may receive can be handed now: its free
-    in-flight slots, and for a rate-limited one no more than the slots it can book."""
+    in-flight slots, no more than the dispatcher's room for it (its budget for new consumers
+    is PostgreSQL's alone), and for a rate-limited one no more than the slots it can book."""
     consumers = receiving_push_consumers(now)
     in_flight = dict(
         Job.objects.filter(status=INFLIGHT, consumer__in=consumers)
@@ -234,6 +239,7 @@ def _consumer_room(now: datetime) -> dict[Consumer, int]:
         "ordering", "max_in_flight", "circuit_open_until", "max_per_second", "next_slot_at"
     ):
         free = in_flight_cap(consumer) - in_flight.get(consumer.pk, 0)
+        free = min(free, rooms.rooms.get(consumer.pk, rooms.new_room))
         if consumer.max_per_second:
             first_slot = first_free_slot(consumer.next_slot_at, now)
             free = min(free, bookable_slots(first_slot, consumer.max_per_second, now))

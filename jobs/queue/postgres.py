@@ -32,7 +32,14 @@ from jobs.queue.rules import (
     push_lease_expiry,
     subscribed_sql,
 )
-from jobs.queue.types import ClaimedJob, Inserted, InsertedBatch, MessageBatch, TokenDigests
+from jobs.queue.types import (
+    ClaimedJob,
+    ClaimRooms,
+    Inserted,
+    InsertedBatch,
+    MessageBatch,
+    TokenDigests,
+)
 from jobs.queue.wakeup import listen_for_jobs
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
 
@@ -197,19 +204,22 @@ cap AS (
     WHERE {_RECEIVING} AND (c.max_per_second IS NULL OR paced.id IS NOT NULL)
 ),
 room AS MATERIALIZED (
-    SELECT cap.id, cap.ordered, least(cap.bookable, cap.cap - (
-        SELECT count(*) FROM (
-            SELECT FROM {_JOB} f
-            WHERE f.consumer_id = cap.id AND f.status = '{INFLIGHT.value}'
-            LIMIT cap.cap
-        ) in_flight
-    )) AS free
-    FROM cap
+    SELECT cap.id, cap.ordered, coalesce(mine.new, true) AS new,
+        least(cap.bookable, coalesce(mine.room, %(new_room)s), cap.cap - (
+            SELECT count(*) FROM (
+                SELECT FROM {_JOB} f
+                WHERE f.consumer_id = cap.id AND f.status = '{INFLIGHT.value}'
+                LIMIT cap.cap
+            ) in_flight
+        )) AS free
+    FROM cap LEFT JOIN unnest(%(room_consumers)s::bigint[], %(rooms)s::int[], %(new)s::bool[])
+        AS mine(id, room, new) ON mine.id = cap.id
 ),
 due AS (
-    SELECT next.id, next.partition_at, next.priority, next.next_attempt_at
+    SELECT next.id, next.partition_at, next.priority, next.next_attempt_at, next.turn, room.new
     FROM room CROSS JOIN LATERAL (
-        SELECT j.id, j.partition_at, j.priority, j.next_attempt_at
+        SELECT j.id, j.partition_at, j.priority, j.next_attempt_at,
+            row_number() OVER (ORDER BY j.priority DESC, j.next_attempt_at) AS turn
         FROM {_JOB} j
         WHERE j.consumer_id = room.id AND j.status = '{QUEUED.value}'
             AND j.next_attempt_at <= %(now)s
@@ -218,7 +228,7 @@ due AS (
     ) next
     WHERE room.free > 0 AND NOT room.ordered
     UNION ALL
-    SELECT head.id, head.partition_at, head.priority, head.next_attempt_at
+    SELECT head.id, head.partition_at, head.priority, head.next_attempt_at, head.turn, room.new
     FROM room CROSS JOIN LATERAL (
         WITH RECURSIVE key_head AS (
             (SELECT j.ordering_key, j.id, j.partition_at, j.status, j.priority, j.next_attempt_at
@@ -236,22 +246,31 @@ due AS (
                 ORDER BY j.ordering_key, j.id LIMIT 1
             ) next_key
         )
-        SELECT id, partition_at, priority, next_attempt_at FROM key_head
+        SELECT id, partition_at, priority, next_attempt_at,
+            row_number() OVER (ORDER BY priority DESC, next_attempt_at) AS turn
+        FROM key_head
         WHERE status = '{QUEUED.value}' AND next_attempt_at <= %(now)s
         ORDER BY priority DESC, next_attempt_at
         LIMIT least(room.free, %(candidates)s)
     ) head
     WHERE room.free > 0 AND room.ordered
 ),
+taking_turns AS (
+    SELECT due.*, count(*) FILTER (WHERE due.new) OVER (
+        ORDER BY due.priority DESC, due.turn, due.next_attempt_at ROWS UNBOUNDED PRECEDING
+    ) AS new_so_far
+    FROM due
+),
 candidate AS (
-    SELECT * FROM due ORDER BY priority DESC, next_attempt_at LIMIT %(candidates)s
+    SELECT * FROM taking_turns WHERE NOT new OR new_so_far <= %(new_budget)s
+    ORDER BY priority DESC, turn, next_attempt_at LIMIT %(candidates)s
 ),
 taken AS MATERIALIZED (
     SELECT j.id, j.partition_at, j.consumer_id, candidate.priority, candidate.next_attempt_at
     FROM {_JOB} j
         JOIN candidate ON candidate.id = j.id AND candidate.partition_at = j.partition_at
     WHERE j.status = '{QUEUED.value}'
-    ORDER BY candidate.priority DESC, candidate.next_attempt_at
+    ORDER BY candidate.priority DESC, candidate.turn, candidate.next_attempt_at
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
@@ -273,7 +292,7 @@ booked AS (
 )
 UPDATE {_JOB} j
 SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attempts + 1,
-    lease_expires_at = %(lease_until)s
+    lease_expires_at = %(lease_until)s, claimed_by = %(dispatcher)s
 FROM slotted, {_MESSAGE} m, {_CONSUMER} c
 WHERE j.id = slotted.id AND j.partition_at = slotted.partition_at
     AND j.status = '{QUEUED.value}' AND m.id = j.message_id AND c.id = j.consumer_id
@@ -381,12 +400,21 @@ class PostgresQueue(PostgresPullStatements):
             released, _ = cursor.fetchone()
         return int(released)
 
-    def claim_for_push(self, limit: int, now: datetime) -> list[ClaimedJob]:
+    def claim_for_push(
+        self, limit: int, now: datetime, rooms: ClaimRooms, dispatcher_id: str | None
+    ) -> list[ClaimedJob]:
+        consumers = list(rooms.rooms)
         parameters: dict[str, Any] = {
             "now": now,
             "lease_until": push_lease_expiry(now),
             "limit": limit,
             "candidates": 2 * limit,
+            "dispatcher": dispatcher_id,
+            "room_consumers": consumers,
+            "rooms": [rooms.rooms[c] for c in consumers],
+            "new": [c in rooms.new for c in consumers],
+            "new_room": rooms.new_room,
+            "new_budget": rooms.new_budget,
         }
         with connection.cursor() as cursor:
             cursor.execute(CLAIM_FOR_PUSH_SQL, parameters)

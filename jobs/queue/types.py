@@ -27,6 +27,29 @@ class OutgoingMessage:
     event_type: str | None = None  # sent as X-Broker-Event-Type when set
 
 
+@dataclass(frozen=True)
+class ClaimRooms:
+    """How many jobs one dispatcher lets a push claim hand each consumer, beside the consumer's
+    own maxInFlight (jobs/fair_share.py decides; docs/dispatcher.md, "Fair share").
+
+    `rooms`: consumer ID -> the most jobs it may be handed now. A consumer not in it may be
+    handed up to `new_room`. Consumers in `new` (those of `rooms` that have not answered this
+    dispatcher yet) and those not in `rooms` are new: all of them together may be handed up to
+    `new_budget`, so that consumers nobody knows yet cannot fill the dispatcher before their
+    first answers say whether they are slow.
+    """
+
+    rooms: dict[int, int]
+    new: frozenset[int]
+    new_room: int
+    new_budget: int
+
+    @classmethod
+    def unbounded(cls, limit: int) -> ClaimRooms:
+        """No dispatcher's word: every consumer up to its maxInFlight (one-off claims)."""
+        return cls({}, frozenset(), limit, limit)
+
+
 # A job's whole primary key on PostgreSQL: its id and its time partition's key (Job.partition_at,
 # jobs/partitions.py), as a claim returns them.
 JobKey = tuple[int, datetime]

@@ -421,7 +421,8 @@ def test_concurrent_claims_never_hand_out_a_job_twice(channel, receiver):
     claimed: list[list[int]] = []
 
     def claim_until_empty() -> None:
-        dispatcher = Dispatcher()
+        # Room for all 300 in each (a new consumer gets a quarter of a dispatcher's slots).
+        dispatcher = Dispatcher(DispatcherConfig(concurrency=1200))
         mine: list[int] = []
         try:
             while batch := dispatcher.claim(7):
