@@ -122,12 +122,25 @@ def _postgres_session_options(options: dict[str, Any]) -> dict[str, Any]:
         # whole sessions, so they survive there; turn off behind an external pooler in
         # transaction mode (PgBouncer) that cannot carry prepared statements.
         added.update(server_side_binding=True, prepare_threshold=5)
+    session: list[str] = []
     if _server_setting(ServerEnvironment.DATABASE_JIT) == "off":
         # The broker's queries are short index lookups, but on large tables their cost estimates
         # pass jit_above_cost and PostgreSQL compiles them: at 25,000,000 jobs the push claim
-        # took 800-930 ms with JIT against 19-21 ms without (docs/performance.md). libpq's
-        # `options` sets it at connection start, after whatever the URL's own `options` say.
-        added["options"] = " ".join(filter(None, [options.get("options"), "-c jit=off"]))
+        # took 800-930 ms with JIT against 19-21 ms without (docs/performance.md).
+        session.append("-c jit=off")
+    # No session of the broker waits for ever on another's lock, nor holds its own for ever
+    # when its process stops mid-transaction (frozen, or cut off by the network): issue 36.
+    for variable, name in (
+        (ServerEnvironment.DATABASE_LOCK_TIMEOUT_SECONDS, "lock_timeout"),
+        (ServerEnvironment.DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS,
+            "idle_in_transaction_session_timeout"),
+    ):  # fmt: skip
+        milliseconds = round(_server_setting(variable) * 1000)
+        if milliseconds:
+            session.append(f"-c {name}={milliseconds}")
+    if session:
+        # libpq's `options` sets them at connection start, after whatever the URL's own say.
+        added["options"] = " ".join(filter(None, [options.get("options"), *session]))
     return added
 
 

@@ -20,7 +20,9 @@ from broker.periodic import run_due_ticks
 from jobs import queue
 from jobs.models import DispatcherHeartbeat
 
-HOUSEKEEPING_SECONDS = 5.0  # heartbeat and lease sweep
+# Heartbeat, dead dispatchers' jobs and the lease sweep: a dispatcher's death is seen, and its
+# jobs back in the queue, within a few seconds (jobs/queue/dispatchers.py).
+HOUSEKEEPING_SECONDS = 1.0
 EXPIRY_SECONDS = 60.0  # jobs past their age limit (jobs/queue/expiry.py)
 RELEASE_SECONDS = 0.5  # scheduled messages and periodic ticks: released within a second
 
@@ -50,8 +52,10 @@ class Maintenance:
         DispatcherHeartbeat.objects.filter(dispatcher_id=self.dispatcher_id).delete()
 
     def sweep(self) -> int:
-        """Expired leases back to the queue; once a minute, jobs past their age limit to the DLQ
-        (a limit counts in days, and its sweep makes a query per consumer)."""
+        """Jobs of dead dispatchers and expired leases back to the queue; once a minute, jobs
+        past their age limit to the DLQ (a limit counts in days, and its sweep makes a query
+        per consumer)."""
+        queue.reclaim_from_dead_dispatchers(self.dispatcher_id)
         moved = queue.sweep_expired_leases()
         if time.monotonic() >= self._next_expiry:
             moved += queue.expire_old_jobs()

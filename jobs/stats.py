@@ -194,6 +194,9 @@ def _lock() -> None:
     then both insert them. SQLite has one writer at a time anyway."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
+            # Waiting for the refresh that holds it is the point: no lock_timeout for this one
+            # (docs/configuration.md, "Lock timeouts"); it lasts as long as that refresh.
+            cursor.execute("SET LOCAL lock_timeout = 0")
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
 
 

@@ -69,6 +69,25 @@ class ServerEnvironment(SettingGroup, section=STORE):
         " slower ([below](#jit)). `server`: keep the server's setting; behind PgBouncer, which"
         " refuses `options`, set `ALTER DATABASE … SET jit = off` and this to `server`",
     )
+    DATABASE_LOCK_TIMEOUT_SECONDS = Setting(
+        Number(minimum=0.0, maximum=3600.0),
+        5.0,
+        "PostgreSQL: the longest any statement of the broker waits for a lock another session"
+        " holds (`lock_timeout`); it then fails (a publish answers `503`) rather than queueing"
+        " behind, say, a session left idle in a transaction that holds a consumer's row."
+        " `0`: the server's setting. Behind PgBouncer, which refuses `options`, set `0` and"
+        " `ALTER ROLE … SET lock_timeout` ([below](#lock-timeouts))",
+        shown_default="`5`",
+    )
+    DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS = Setting(
+        Number(minimum=0.0, maximum=86400.0),
+        30.0,
+        "PostgreSQL: the server ends a broker session that stays this long inside a transaction"
+        " without a statement (`idle_in_transaction_session_timeout`): a process frozen or cut"
+        " off mid-transaction gives its row locks back within this time, not at TCP keepalive's"
+        " two hours. `0`: the server's setting. Behind PgBouncer: as above",
+        shown_default="`30`",
+    )
     BROKER_READ_DATABASE_URL = Setting(
         Text(),
         "",

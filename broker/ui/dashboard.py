@@ -25,8 +25,8 @@ from broker.ui.access import VIEW_JOBS, operator_view
 from broker.ui.charts import Series, stacked_bars
 from broker.ui.delivery_state import DeliveryState, delivery_states
 from consumers.models import Consumer
-from jobs.maintenance import HOUSEKEEPING_SECONDS
 from jobs.models import DispatcherHeartbeat
+from jobs.queue.dispatchers import FROZEN_SECONDS
 from jobs.queue_depth import (
     TOTAL_LIMIT,
     BoundedCount,
@@ -45,8 +45,9 @@ from jobs.stats import (
 )
 from jobs.stats import recount_window as stats_recount_window
 
-# Dispatchers beat every HOUSEKEEPING_SECONDS; six missed beats and one is flagged as stale.
-STALE_AFTER = timedelta(seconds=6 * HOUSEKEEPING_SECONDS)
+# Dispatchers beat every second; one silent for as long as the queue takes it for frozen (and
+# gives its jobs to others) is flagged as stale.
+STALE_AFTER = timedelta(seconds=FROZEN_SECONDS)
 HEARTBEATS_SHOWN = 50  # a crashed dispatcher leaves its row; the newest ones matter
 DELIVERED_COLOUR, FAILED_COLOUR = "#2e7d32", "#c62828"
 NOT_APPLICABLE = "—"

@@ -78,6 +78,7 @@ __all__ = [
     "insert_message",
     "insert_messages",
     "listen_for_jobs",
+    "reclaim_from_dead_dispatchers",
     "record_outcomes",
     "release_due_messages",
     "release_unsent",
@@ -219,10 +220,20 @@ def wake_dispatchers() -> None:
     backend.implementation().wake_dispatchers()
 
 
-async def listen_for_jobs(wake: Callable[[], None]) -> None:
+async def listen_for_jobs(wake: Callable[[], None], dispatcher_id: str) -> None:
     """Call `wake` whenever jobs may have been queued, until cancelled (PostgreSQL's LISTEN; on
-    other databases it never calls, and dispatchers poll)."""
-    await backend.implementation().listen(wake)
+    other databases it never calls, and dispatchers poll). The connection is named after the
+    dispatcher: while it is there, others know the dispatcher alive (jobs/queue/dispatchers.py)."""
+    await backend.implementation().listen(wake, dispatcher_id)
+
+
+def reclaim_from_dead_dispatchers(dispatcher_id: str, now: datetime | None = None) -> int:
+    """End the leases of the INFLIGHT jobs of dispatchers known dead, other than
+    `dispatcher_id`: the next lease sweep gives them back at once (jobs/queue/dispatchers.py;
+    PostgreSQL only, elsewhere leases run out). Returns how many."""
+    return backend.implementation().reclaim_from_dead_dispatchers(
+        dispatcher_id, now or timezone.now()
+    )
 
 
 def concurrent_writers() -> bool:

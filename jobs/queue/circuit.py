@@ -13,6 +13,13 @@ at a time (they expire after their age limit instead: jobs/queue/expiry.py).
 The state lives in three consumer columns, changed with conditional UPDATEs in the transaction
 that records the attempts; the claims read them (jobs/queue/rules.py, `receiving_push_consumers`
 and `in_flight_cap`).
+
+A recording never waits for a consumer's row (issue 36): a row another transaction holds (another
+dispatcher's recording, a claim booking rate limit slots, an operator's edit, a process frozen
+mid-transaction) is skipped, `free_rows`. Its failures then go uncounted and its circuit is not
+closed by this batch: the consumer's next attempts count, or close it, again. No recording, and
+so no dispatcher, is ever held up by another's, and publishers never wait for any of them (the
+locks are FOR NO KEY UPDATE, which the foreign-key checks of new jobs do not wait for).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from django.db.models import F
+from django.db.models import F, QuerySet
 
 from broker.conf import broker_settings
 from consumers.models import CIRCUIT_FIELDS, Consumer
@@ -36,10 +43,11 @@ def record_unavailable(failures: Counter[int], now: datetime) -> dict[int, datet
     threshold. Returns, for consumers whose probe failed, when their circuit half-opens again.
 
     The consumer rows are locked until the recording transaction ends, so that two dispatchers
-    recording failures of one consumer count them all.
+    recording failures of one consumer count them one after the other; a row another
+    transaction holds is skipped (the module's docstring).
     """
     consumers = (
-        Consumer.objects.select_for_update()
+        Consumer.objects.select_for_update(skip_locked=True, no_key=True)
         .only("channel_id", "public_id", *CIRCUIT_FIELDS)
         .order_by("pk")  # one order for every recording: they cannot deadlock one another
     ).in_bulk(list(failures))
@@ -77,6 +85,16 @@ def _count_failures(consumer: Consumer, failures: int, now: datetime) -> datetim
 def close_circuits(consumer_ids: Iterable[int]) -> None:
     """Reset the circuits of consumers that answered (what jobs/queue/postgres.py does within
     its statement that records deliveries)."""
-    Consumer.objects.filter(pk__in=list(consumer_ids)).exclude(
+    tripped = Consumer.objects.filter(pk__in=list(consumer_ids)).exclude(
         circuit_failures=0, circuit_open_until=None
-    ).update(circuit_failures=0, circuit_open_until=None, circuit_cooldown_seconds=0)
+    )
+    free_rows(tripped).update(
+        circuit_failures=0, circuit_open_until=None, circuit_cooldown_seconds=0
+    )
+
+
+def free_rows(consumers: QuerySet[Consumer]) -> QuerySet[Consumer]:
+    """Those of `consumers` whose rows no other transaction holds, locked for this one (FOR NO
+    KEY UPDATE SKIP LOCKED): what a recording may change without waiting."""
+    locked = consumers.select_for_update(skip_locked=True, no_key=True).values("pk")
+    return Consumer.objects.filter(pk__in=locked)

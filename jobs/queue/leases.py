@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -45,10 +46,17 @@ LEASE_EXPIRED = "lease expired before the outcome was reported"
 def sweep_expired_leases(now: datetime | None = None, batch: int = SWEEP_BATCH) -> int:
     """Return expired INFLIGHT jobs to QUEUED (or DEAD when out of attempts); how many moved."""
     now = now or timezone.now()
+    with transaction.atomic():
+        return _sweep(now, batch)
+
+
+def _sweep(now: datetime, batch: int) -> int:
+    # Jobs another transaction holds (a frozen dispatcher's recording, say) are skipped, not
+    # waited for: the sweep runs in the dispatcher's claiming thread.
     expired = list(
-        Job.objects.filter(status=INFLIGHT, lease_expires_at__lt=now).values_list(
-            "pk", "consumer_id", "attempts"
-        )[:batch]
+        Job.objects.filter(status=INFLIGHT, lease_expires_at__lt=now)
+        .select_for_update(skip_locked=True, of=("self",))
+        .values_list("pk", "consumer_id", "attempts")[:batch]
     )
     if not expired:
         return 0

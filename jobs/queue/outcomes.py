@@ -93,11 +93,11 @@ def note_last_failures(failed: list[AttemptResult]) -> None:
             newest[result.consumer_id] = result
     for consumer_id in sorted(newest):
         result = newest[consumer_id]
-        free = Consumer.objects.select_for_update(skip_locked=True, no_key=True).filter(
+        older = Consumer.objects.filter(
             Q(last_failure_at__isnull=True) | Q(last_failure_at__lt=result.started_at),
             pk=consumer_id,
         )
-        Consumer.objects.filter(pk__in=free.values("pk")).update(
+        circuit.free_rows(older).update(
             last_failure_at=result.started_at,
             last_failure=failure_summary(result),
         )
@@ -111,12 +111,14 @@ def failure_summary(result: AttemptResult) -> str:
 
 def throttle(until: dict[int, datetime]) -> None:
     """Hold back every job of these consumers until their time (a 429's Retry-After), unless a
-    later time holds them already."""
+    later time holds them already. A row another transaction holds is skipped: the dispatcher
+    holds the consumer's jobs back meanwhile, and its next 429 says so again."""
     for consumer_id in sorted(until):
         later = until[consumer_id]
-        Consumer.objects.filter(
+        earlier = Consumer.objects.filter(
             Q(throttled_until__isnull=True) | Q(throttled_until__lt=later), pk=consumer_id
-        ).update(throttled_until=later)
+        )
+        circuit.free_rows(earlier).update(throttled_until=later)
 
 
 def release_unsent(keys: Iterable[JobKey]) -> int:
@@ -142,8 +144,8 @@ def _apply(result: AttemptResult, outcome: Outcome) -> None:
         )
     elif outcome.verdict is Verdict.DEAD:
         jobs.transition(INFLIGHT, DEAD, lease_expires_at=None, last_error=outcome.reason)
-    if outcome.pause_consumer:
-        Consumer.objects.filter(pk=result.consumer_id).update(paused=True)
+    if outcome.pause_consumer:  # skipped if its row is held: the next 410 pauses it
+        circuit.free_rows(Consumer.objects.filter(pk=result.consumer_id)).update(paused=True)
 
 
 def still_ours(result: AttemptResult) -> JobQuerySet:

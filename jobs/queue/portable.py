@@ -52,9 +52,13 @@ class PortableQueue(PortablePullOperations):
 
     concurrent_writers = False  # one writer at a time: outcomes are recorded between claims
 
-    async def listen(self, wake: Callable[[], None]) -> None:
+    async def listen(self, wake: Callable[[], None], dispatcher_id: str) -> None:
         """No notifications without PostgreSQL: dispatchers poll."""
         await asyncio.Event().wait()
+
+    def reclaim_from_dead_dispatchers(self, dispatcher_id: str, now: datetime) -> int:
+        """No sessions to look at: a dead dispatcher's jobs wait for their leases."""
+        return 0
 
     def insert_message(self, message: Message, tokens: TokenDigests | None = None) -> Inserted:
         channel_hash = _token_hash(Channel, message.channel_id)

@@ -22,6 +22,7 @@ from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
+from jobs.queue.dispatchers import reclaim_from_dead_dispatchers, session_name
 from jobs.queue.postgres_batch import batch_parameters, insert_batch_sql, inserted_batch
 from jobs.queue.postgres_pull import PostgresPullStatements
 from jobs.queue.rules import (
@@ -302,12 +303,17 @@ RETURNING j.id, j.partition_at, j.attempts, j.priority, j.next_attempt_at, c.id,
 """  # noqa: S608
 
 # Any answer that is not unavailability closes the circuit of its consumer (jobs/queue/circuit.py).
-# The condition keeps the usual case (nothing to reset) free of writes.
+# The condition keeps the usual case (nothing to reset) free of writes; a row another transaction
+# holds is skipped, never waited for (circuit.free_rows).
 _CLOSE_CIRCUITS = f"""
     UPDATE {_CONSUMER}
     SET circuit_failures = 0, circuit_open_until = NULL, circuit_cooldown_seconds = 0
-    WHERE id = ANY(%(consumers)s::bigint[])
-        AND (circuit_failures > 0 OR circuit_open_until IS NOT NULL)
+    WHERE id IN (
+        SELECT id FROM {_CONSUMER}
+        WHERE id = ANY(%(consumers)s::bigint[])
+            AND (circuit_failures > 0 OR circuit_open_until IS NOT NULL)
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
 """  # noqa: S608
 
 # The common case, 2xx answers: their attempt rows and their jobs' move to DELIVERED in one
@@ -370,8 +376,11 @@ class PostgresQueue(PostgresPullStatements):
     # Recording outcomes may run on a connection of its own beside the claims.
     concurrent_writers = True
 
-    async def listen(self, wake: Callable[[], None]) -> None:
-        await listen_for_jobs(wake)
+    async def listen(self, wake: Callable[[], None], dispatcher_id: str) -> None:
+        await listen_for_jobs(wake, session_name(dispatcher_id))
+
+    def reclaim_from_dead_dispatchers(self, dispatcher_id: str, now: datetime) -> int:
+        return reclaim_from_dead_dispatchers(dispatcher_id, now)
 
     def insert_message(self, message: Message, tokens: TokenDigests | None = None) -> Inserted:
         # Alone, the statement commits by itself; inside a caller's transaction it needs a

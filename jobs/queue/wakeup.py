@@ -23,7 +23,7 @@ LIBPQ_OPTIONS = {"connect_timeout", "sslmode", "sslrootcert", "sslcert", "sslkey
 RECONNECT_SECONDS = 2.0
 
 
-def _connection_kwargs() -> dict[str, Any]:
+def _connection_kwargs(application_name: str) -> dict[str, Any]:
     settings = connection.settings_dict
     options = {k: v for k, v in settings.get("OPTIONS", {}).items() if k in LIBPQ_OPTIONS}
     return {
@@ -33,16 +33,19 @@ def _connection_kwargs() -> dict[str, Any]:
         "host": settings["HOST"] or None,
         "port": settings["PORT"] or None,
         "autocommit": True,
-        "application_name": "webhook-broker dispatcher listener",
+        "application_name": application_name,
         **options,
     }
 
 
-async def listen_for_jobs(wake: Callable[[], None]) -> None:
-    """Call `wake` on every notification, forever (cancel the task to stop)."""
+async def listen_for_jobs(wake: Callable[[], None], application_name: str) -> None:
+    """Call `wake` on every notification, forever (cancel the task to stop); the connection's
+    application_name says whose it is (jobs/queue/dispatchers.py)."""
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(**_connection_kwargs()) as listener:
+            async with await psycopg.AsyncConnection.connect(
+                **_connection_kwargs(application_name)
+            ) as listener:
                 await listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 wake()  # jobs may have arrived while we were not listening
                 async for _ in listener.notifies():

@@ -40,7 +40,8 @@ def test_consumers_new_to_the_dispatcher_share_a_quarter_of_its_slots():
     assert (rooms.new_room, rooms.new_budget) == (32, 32)
     share.claimed(claimed(1, *range(20)))
     rooms = share.rooms()
-    assert rooms.rooms == {1: 12} and rooms.new == {1}
+    assert rooms.rooms == {1: 12}
+    assert rooms.new == {1}
     assert rooms.new_budget == 12  # the other new consumers get what consumer 1 left
 
 
@@ -51,7 +52,8 @@ def test_a_consumer_that_answers_grows_and_one_that_is_unavailable_shrinks():
     share.finished([answer(2, 4, 503, 0.01), answer(2, 5, None, 0.01)])
     rooms = share.rooms()
     assert rooms.rooms == {1: 35, 2: 8}  # 32 + 3; 32 / 2 / 2
-    assert rooms.new == frozenset() and rooms.new_budget == 32
+    assert rooms.new == frozenset()
+    assert rooms.new_budget == 32
 
 
 def test_slow_consumers_together_hold_at_most_half_of_the_slots():

@@ -134,7 +134,9 @@ class Command(BaseCommand):
         self.stdout.write(f"event loop: {loop_name}, HTTP client: {client}")
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(stop_signal, dispatcher.stop)
-        listener = asyncio.create_task(listen_for_jobs(dispatcher.wake))
+        listener = asyncio.create_task(
+            listen_for_jobs(dispatcher.wake, dispatcher.config.dispatcher_id)
+        )
         try:
             await dispatcher.run()
         finally:
