@@ -68,7 +68,7 @@ def test_a_killed_dispatchers_jobs_go_to_another_within_seconds(receiver):
         resumed = time.monotonic() - killed_at
     finally:
         kill_if_running(first, *([second] if second else []))
-    print(f"delivery resumed {resumed:.1f} s after kill -9")  # noqa: T201
+    print(f"delivery resumed {resumed:.1f} s after kill -9")
     assert resumed < 6, f"the consumer got nothing for {resumed:.1f} s"
     assert not held.exists()  # all four with the second dispatcher, or queued
 
@@ -92,5 +92,5 @@ def test_a_frozen_dispatchers_jobs_go_to_another_before_their_leases_end(receive
     finally:
         first.send_signal(signal.SIGCONT)
         kill_if_running(first, *([second] if second else []))
-    print(f"delivery resumed {resumed:.1f} s after SIGSTOP")  # noqa: T201
+    print(f"delivery resumed {resumed:.1f} s after SIGSTOP")
     assert resumed < 25, f"the consumer got nothing for {resumed:.1f} s"

@@ -49,7 +49,8 @@ def test_a_consumer_row_held_by_another_session_stalls_no_other_consumer(receive
         host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
     ) as psql:
         psql.execute(
-            f"SELECT * FROM {Consumer._meta.db_table} WHERE id = %s FOR UPDATE", [locked.pk]
+            f"SELECT * FROM {Consumer._meta.db_table} WHERE id = %s FOR UPDATE",  # noqa: S608
+            [locked.pk],
         )  # and now idle in transaction
         process = start_dispatcher()
         try:
