@@ -37,12 +37,41 @@ SHOW_JIT = (
     ],
 )
 def test_the_connection_options(monkeypatch, url, mode, options):
+    monkeypatch.setenv("DATABASE_LOCK_TIMEOUT_SECONDS", "0")  # their own test is below
+    monkeypatch.setenv("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", "0")
     if mode is None:
         monkeypatch.delenv("DATABASE_JIT", raising=False)
     else:
         monkeypatch.setenv("DATABASE_JIT", mode)
 
     assert database_settings(url)["OPTIONS"].get("options") == options
+
+
+@pytest.mark.parametrize(
+    ("lock", "idle", "options"),
+    [
+        (
+            None,
+            None,
+            "-c jit=off -c lock_timeout=5000 -c idle_in_transaction_session_timeout=30000",
+        ),
+        ("0.25", "0", "-c jit=off -c lock_timeout=250"),
+        ("0", "0", "-c jit=off"),
+    ],
+)
+def test_the_lock_timeouts_in_the_connection_options(monkeypatch, lock, idle, options):
+    """docs/configuration.md#lock-timeouts; the values in milliseconds, 0 leaves the server's."""
+    for variable, value in (
+        ("DATABASE_LOCK_TIMEOUT_SECONDS", lock),
+        ("DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS", idle),
+    ):
+        if value is None:
+            monkeypatch.delenv(variable, raising=False)
+        else:
+            monkeypatch.setenv(variable, value)
+    monkeypatch.delenv("DATABASE_JIT", raising=False)
+
+    assert database_settings("postgres://db/broker")["OPTIONS"]["options"] == options
 
 
 def broker_jit(**variables: str) -> str:

@@ -76,6 +76,8 @@ EXPECTED_KINDS = {
     "DATABASE_CONN_MAX_AGE": Integer(minimum=0),
     "DATABASE_PREPARED_STATEMENTS": Flag(),
     "DATABASE_JIT": Choice(("off", "server")),
+    "DATABASE_LOCK_TIMEOUT_SECONDS": Number(minimum=0.0, maximum=3600.0),
+    "DATABASE_IDLE_IN_TRANSACTION_TIMEOUT_SECONDS": Number(minimum=0.0, maximum=86400.0),
     "BROKER_READ_DATABASE_URL": Text(),
     "DJANGO_SECRET_KEY": Text(),
     "DJANGO_DEBUG": Flag(),
