@@ -47,7 +47,7 @@ STEPS: list[tuple[str, Callable[[str], bool]]] = [
             "close_if_unusable_or_obsolete (",
         ),
     ),
-    ("token check: the hashes query (psycopg)", _any("_token_hashes (")),
+    ("token check: the hashes query (psycopg)", _any("_stored_credentials (")),
     ("token check: hashing and comparing the tokens", _any("broker/api/tokens.py")),
     ("rate limit", _any("broker/ratelimit.py")),
     ("publish statement (psycopg: bind, send, wait, rows)", _any("jobs/queue/")),

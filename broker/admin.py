@@ -73,7 +73,14 @@ class TokenProtectedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         messages.warning(request, f"Token of {obj.pk}: {token} (stored hashed; copy it now).")
 
 
-admin.site.register(Producer, TokenProtectedAdmin)
+@admin.register(Producer)
+class ProducerAdmin(TokenProtectedAdmin):
+    # The channels it may publish to with BROKER_PRODUCER_CHANNELS=bound. The widget offers only
+    # channels that exist, the one rule set_allowed_channels (broker/stakeholders.py) applies to
+    # the API and seed files.
+    filter_horizontal = ["allowed_channels"]
+
+
 admin.site.register(Channel, TokenProtectedAdmin)
 # The admin's "View site" link: the operator UI, the site's pages for people.
 admin.site.site_url = reverse_lazy("ui:dashboard")  # type: ignore[assignment]
@@ -160,7 +167,7 @@ class PeriodicMessageForm(forms.ModelForm):  # type: ignore[type-arg]
         data["cron"] = cron
         # What publish() checks at each tick, checked now (as the API does).
         candidate = copy.copy(self.instance)
-        for field in ("content_type", "priority", "headers", "ordering_key"):
+        for field in ("content_type", "priority", "headers", "ordering_key", "enabled"):
             if field in data:
                 setattr(candidate, field, data[field])
         try:

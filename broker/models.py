@@ -98,7 +98,16 @@ class TokenProtected(ChangeTracked):
 
 
 class Producer(TokenProtected):
-    pass
+    # The channels it may publish to when BROKER_PRODUCER_CHANNELS=bound (docs/api.md, "Producers
+    # bound to channels"); kept but not enforced when `open`, webhook-broker's rule. The publish
+    # statements probe the join table's unique (producer, channel) index.
+    allowed_channels: models.ManyToManyField[Channel, Any] = models.ManyToManyField(
+        "Channel",
+        blank=True,
+        related_name="allowed_producers",
+        verbose_name="channels it may publish to",
+        help_text="Enforced only with BROKER_PRODUCER_CHANNELS=bound.",
+    )
 
 
 class Channel(TokenProtected):

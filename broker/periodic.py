@@ -25,12 +25,14 @@ from broker.event_catalogue import Schemas
 from broker.models import Message, PeriodicMessage
 from broker.publishing import (
     DuplicateMessage,
+    ProducerNotAllowed,
     PublishError,
     check_event_type,
     check_message,
     publish,
 )
 from jobs.models import Job
+from jobs.queue.rules import producer_may_publish
 from jobs.states import INFLIGHT, QUEUED
 
 logger = logging.getLogger(__name__)
@@ -155,7 +157,13 @@ def _matches_every_hour(expression: str) -> bool:
 
 def validate_publishable(schedule: PeriodicMessage) -> None:
     """Raise the PublishError that publishing a tick of this schedule would raise, if any: the
-    API checks a schedule once, so that its ticks do not fail one by one later."""
+    API checks a schedule once, so that its ticks do not fail one by one later.
+
+    With BROKER_PRODUCER_CHANNELS=bound that includes its producer's right to the channel
+    (ProducerNotAllowed), but only while the schedule is enabled: a disabled one publishes
+    nothing, and disabling one whose producer lost the channel must stay possible."""
+    if schedule.enabled and not producer_may_publish(schedule.producer_id, schedule.channel_id):
+        raise ProducerNotAllowed(schedule.producer_id, schedule.channel_id)
     tick = timezone.now().replace(microsecond=0)
     check_message(
         bytes(schedule.payload),

@@ -23,6 +23,7 @@ from broker.models import MESSAGE_ID_PATTERN, Channel, Message, Producer
 from broker.xids import new_xid
 from jobs import queue
 from jobs.queue import TokenDigests
+from jobs.queue.rules import producer_may_publish
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_HEADERS = 50
@@ -97,6 +98,19 @@ class UnknownProducer(PublishError, LookupError):
     pass
 
 
+class ProducerNotAllowed(PublishError):
+    """BROKER_PRODUCER_CHANNELS=bound and the channel is not one the producer may publish to:
+    nothing was stored (docs/api.md, "Producers bound to channels")."""
+
+    def __init__(self, producer_id: str, channel_id: str) -> None:
+        super().__init__(
+            f"Producer {producer_id[:300]!r} may not publish to channel {channel_id[:300]!r}: "
+            "with BROKER_PRODUCER_CHANNELS=bound a producer publishes only to the channels it "
+            "is allowed on (an admin adds them with the field channels of PUT "
+            f"/producer/{producer_id[:300]})."
+        )
+
+
 class TokensRefused(PublishError):
     """The channel or producer token given with `tokens` did not match: nothing was stored. The
     HTTP broadcast then reads the stored tokens to say which (404, 401 or 403)."""
@@ -125,8 +139,9 @@ def publish(
     time, in publish order (docs/delivery.md, "Ordering"); messages without one share a key. Only
     the consumers subscribed to its `event_type` get a job (broker/event_types.py; none: the
     consumers without event type patterns, and those with `*`). Raises
-    a PublishError subclass, with nothing stored, for bad input, an unknown channel or producer, or
-    a message ID the channel already has.
+    a PublishError subclass, with nothing stored, for bad input, an unknown channel or producer, a
+    producer not allowed on the channel (ProducerNotAllowed, only with
+    BROKER_PRODUCER_CHANNELS=bound), or a message ID the channel already has.
 
     With `scheduled_for` (an aware datetime) the message is stored SCHEDULED, with no jobs; it is
     released (its jobs created for the consumers the channel has then) by
@@ -211,6 +226,8 @@ def _insert(message: Message, tokens: TokenDigests | None) -> None:
         raise UnknownProducer(f"No producer with ID {message.producer_id[:300]!r}.")
     if not inserted.tokens_matched:
         raise TokensRefused("A token does not match.")
+    if not inserted.producer_allowed:
+        raise ProducerNotAllowed(message.producer_id, message.channel_id)
 
 
 def _insert_scheduled(message: Message, tokens: TokenDigests | None) -> None:
@@ -224,6 +241,8 @@ def _insert_scheduled(message: Message, tokens: TokenDigests | None) -> None:
     message.producer = _resolve(Producer, message.producer_id, UnknownProducer)
     if tokens and not tokens.match(message.channel.token_hash, message.producer.token_hash):
         raise TokensRefused("A token does not match.")
+    if not producer_may_publish(message.producer_id, message.channel_id):
+        raise ProducerNotAllowed(message.producer_id, message.channel_id)
     message.status = Message.Status.SCHEDULED
     message.dispatched_at = None
     with transaction.atomic():  # a savepoint: a duplicate leaves a caller's transaction usable

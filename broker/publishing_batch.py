@@ -29,6 +29,7 @@ from broker.publishing import (
     DuplicateMessage,
     InvalidMessage,
     PayloadTooLarge,
+    ProducerNotAllowed,
     PublishError,
     UnknownChannel,
     UnknownProducer,
@@ -119,8 +120,9 @@ def publish_many(
     BROKER_MAX_BATCH_MESSAGES is the most at once (TooManyMessages). Raises, with nothing
     stored: InvalidBatch or BatchTooLarge listing every message's problems (`errors`),
     DuplicateMessages naming IDs given twice or already in the channel, UnknownChannel,
-    UnknownProducer. Scheduled messages (`scheduled_for`) are stored SCHEDULED, without jobs,
-    as `publish()` stores one. Dispatchers are woken once for the batch.
+    UnknownProducer, ProducerNotAllowed (BROKER_PRODUCER_CHANNELS=bound). Scheduled messages
+    (`scheduled_for`) are stored SCHEDULED, without jobs, as `publish()` stores one. Dispatchers
+    are woken once for the batch.
     """
     channel_id = channel.pk if isinstance(channel, Channel) else channel
     producer_id = producer.pk if isinstance(producer, Producer) else producer
@@ -208,8 +210,8 @@ def store_batch(
     channel_id: str, producer_id: str, rows: list[NewMessage]
 ) -> list[PublishedMessage]:
     """Offload the large payloads, then insert the checked rows with their jobs in one queue
-    operation. Refused (a duplicate ID, an unknown channel or producer): the files just written
-    are deleted and nothing is stored."""
+    operation. Refused (a duplicate ID, an unknown channel or producer, a producer not allowed
+    on the channel): the files just written are deleted and nothing is stored."""
     if not rows:
         return []
     rows = [_offloaded(row) if payloads.should_offload(row.payload) else row for row in rows]
@@ -249,4 +251,6 @@ def _insert(batch: MessageBatch) -> list[int]:
         raise UnknownChannel(f"No channel with ID {batch.channel_id[:300]!r}.")
     if not inserted.producer_found:
         raise UnknownProducer(f"No producer with ID {batch.producer_id[:300]!r}.")
+    if not inserted.producer_allowed:
+        raise ProducerNotAllowed(batch.producer_id, batch.channel_id)
     return inserted.keys

@@ -4,6 +4,8 @@
     [initial-channel-tokens]    channel-id = token
     [initial-producers]         producer-id = Producer name
     [initial-producer-tokens]   producer-id = token
+    [initial-producer-channels] producer-id = channel-id, channel-id (ours: the channels it may
+                                publish to with BROKER_PRODUCER_CHANNELS=bound)
     [initial-consumers]         consumer-id = callback URL
     [consumer-id]               channel = channel-id, type = push|pull, token = ...,
                                 eventTypes = order.*, invoice.paid (ours: broker/event_types.py),
@@ -18,7 +20,7 @@ are ignored, so its whole configuration file can be loaded as it is.
 from __future__ import annotations
 
 import configparser
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -26,6 +28,12 @@ from django.db import transaction
 
 from broker import event_types
 from broker.models import Channel, Producer, TokenProtected, validate_resource_id
+from broker.stakeholders import (
+    InvalidChannelList,
+    allowed_channel_ids,
+    parse_channel_ids,
+    set_allowed_channels,
+)
 from consumers.callback_url import validate_callback_url
 from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
@@ -33,6 +41,7 @@ from consumers.services import InvalidSetting, parse_max_per_second
 
 CHANNELS, CHANNEL_TOKENS = "initial-channels", "initial-channel-tokens"
 PRODUCERS, PRODUCER_TOKENS = "initial-producers", "initial-producer-tokens"
+PRODUCER_CHANNELS = "initial-producer-channels"  # ours: Producer.allowed_channels
 CONSUMERS, CONSUMER_TOKENS = "initial-consumers", "initial-consumer-tokens"
 CONSUMER_KEYS = {"channel", "type", "token", "eventTypes", "maxPerSecond"}
 
@@ -55,6 +64,9 @@ class SeedResource:
     id: str
     name: str
     token: str | None
+    # A producer's [initial-producer-channels] entry, when the file gives one: the channels it
+    # may publish to (None: those it has are kept).
+    channels: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,10 +96,12 @@ def parse_seed(text: str) -> Seed:
     except configparser.Error as exc:
         raise _syntax_error(exc, text) from None
     channels = _parse_resources(parser, CHANNELS, CHANNEL_TOKENS)
+    channel_ids = {channel.id for channel in channels}
+    producers = _parse_resources(parser, PRODUCERS, PRODUCER_TOKENS)
     return Seed(
         channels=channels,
-        producers=_parse_resources(parser, PRODUCERS, PRODUCER_TOKENS),
-        consumers=_parse_consumers(parser, {channel.id for channel in channels}),
+        producers=_with_allowed_channels(parser, producers, channel_ids),
+        consumers=_parse_consumers(parser, channel_ids),
     )
 
 
@@ -145,6 +159,29 @@ def _parse_resources(
         SeedResource(id=key, name=name.strip() or key, token=tokens.get(key, "").strip() or None)
         for key, name in names.items()
     ]
+
+
+def _with_allowed_channels(
+    parser: configparser.ConfigParser, producers: list[SeedResource], channels: set[str]
+) -> list[SeedResource]:
+    """The producers, each with its [initial-producer-channels] entry if it has one: channels
+    listed in [initial-channels], as a consumer's `channel` must be."""
+    entries = _section(parser, PRODUCER_CHANNELS)
+    known = {producer.id for producer in producers}
+    allowed: dict[str, list[str]] = {}
+    for key, value in entries.items():
+        if key not in known:
+            raise SeedError(PRODUCER_CHANNELS, key, f"not listed in [{PRODUCERS}]")
+        try:
+            allowed[key] = parse_channel_ids(value)
+        except InvalidChannelList as exc:
+            raise SeedError(PRODUCER_CHANNELS, key, str(exc)) from None
+        unlisted = [channel for channel in allowed[key] if channel not in channels]
+        if unlisted:
+            raise SeedError(
+                PRODUCER_CHANNELS, key, f"{unlisted[0]!r} is not listed in [{CHANNELS}]"
+            )
+    return [replace(producer, channels=allowed.get(producer.id)) for producer in producers]
 
 
 def _parse_consumers(parser: configparser.ConfigParser, channels: set[str]) -> list[SeedConsumer]:
@@ -236,10 +273,13 @@ def _apply_resource(model: type[Channel] | type[Producer], item: SeedResource) -
         instance = model(id=item.id, name=item.name)
         token = instance.set_token(item.token)
         instance.save(force_insert=True)
+        _allow_channels(instance, item)
         # Generated tokens are stored hashed: this is the only time anyone can read them.
         return f"{label}: created" + ("" if item.token else f" with generated token {token}")
-    changed = instance.name != item.name or (
-        item.token is not None and not instance.check_token(item.token)
+    changed = (
+        instance.name != item.name
+        or (item.token is not None and not instance.check_token(item.token))
+        or _channels_differ(instance, item)
     )
     if not changed:
         return f"{label}: unchanged"
@@ -247,7 +287,21 @@ def _apply_resource(model: type[Channel] | type[Producer], item: SeedResource) -
     if item.token is not None:
         instance.set_token(item.token)
     instance.save()
+    _allow_channels(instance, item)
     return f"{label}: updated"
+
+
+def _channels_differ(instance: TokenProtected, item: SeedResource) -> bool:
+    if item.channels is None or not isinstance(instance, Producer):
+        return False
+    return set(allowed_channel_ids(instance)) != set(item.channels)
+
+
+def _allow_channels(instance: TokenProtected, item: SeedResource) -> None:
+    """A producer's channels from the file (its channels were created first, in this
+    transaction)."""
+    if item.channels is not None and isinstance(instance, Producer):
+        set_allowed_channels(instance, item.channels)
 
 
 def _apply_consumer(item: SeedConsumer) -> str:

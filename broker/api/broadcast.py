@@ -20,16 +20,20 @@ from broker.api.tokens import StoredToken, require_token
 from broker.conf import broker_settings
 from broker.models import Channel, Producer, is_resource_id
 from broker.parsing import parse_int
-from broker.publishing import PublishError, check_keepable, publish
+from broker.publishing import ProducerNotAllowed, PublishError, check_keepable, publish
 from broker.ratelimit import configured_limit, take_broadcast
 from broker.scheduling import parse_rfc3339, require_min_delay
 from broker.tokens import hash_token
 from jobs.queue import TokenDigests
+from jobs.queue.rules import producer_may_publish_sql, producer_rule_parameters
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
-TOKEN_HASHES_SQL = (
-    f"SELECT (SELECT token_hash FROM {Channel._meta.db_table} WHERE id = %s),"  # noqa: S608
-    f" (SELECT token_hash FROM {Producer._meta.db_table} WHERE id = %s)"
+# The stored token digests, and whether the producer may publish to the channel
+# (BROKER_PRODUCER_CHANNELS), in one round trip.
+STORED_CREDENTIALS_SQL = (
+    f"SELECT (SELECT token_hash FROM {Channel._meta.db_table} WHERE id = %(channel)s),"  # noqa: S608
+    f" (SELECT token_hash FROM {Producer._meta.db_table} WHERE id = %(producer)s),"
+    f" {producer_may_publish_sql('%(producer)s', '%(channel)s')}"
 )
 HEADERS = [
     ("X-Broker-Channel-Token", True, "the channel's token"),
@@ -74,7 +78,10 @@ class BroadcastView(APIView):
             ),
             400: _error("empty body or malformed header"),
             401: _error("unknown producer or missing token"),
-            403: _error("wrong token"),
+            403: _error(
+                "wrong token; or, with BROKER_PRODUCER_CHANNELS=bound, a channel the producer is"
+                " not allowed on"
+            ),
             404: _error("unknown channel"),
             409: _error("duplicate message ID in the channel"),
             412: _error("X-Broker-Scheduled-For sooner than the minimum delay"),
@@ -151,22 +158,29 @@ def _given_tokens(request: Request) -> TokenDigests:
 
 
 def authenticate(request: Request, channel_id: str, producer_id: str) -> None:
-    """Check the channel and producer tokens: 404, 401 or 403 unless both match."""
-    channel_hash, producer_hash = _token_hashes(channel_id, producer_id)
+    """Check the channel and producer tokens: 404, 401 or 403 unless both match; then 403
+    (ProducerNotAllowed) when BROKER_PRODUCER_CHANNELS=bound and the channel is not one the
+    producer may publish to. Judged only once the tokens match, so that a caller without them
+    learns nothing of which producer may publish where."""
+    channel_hash, producer_hash, allowed = _stored_credentials(channel_id, producer_id)
     if channel_hash is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, f"No channel {channel_id!r}.")
     require_token(request, "X-Broker-Channel-Token", StoredToken(channel_hash), "Channel")
     if producer_hash is None:
         raise ApiError(status.HTTP_401_UNAUTHORIZED, "Unknown or missing X-Broker-Producer-ID.")
     require_token(request, "X-Broker-Producer-Token", StoredToken(producer_hash), "Producer")
+    if not allowed:
+        raise ProducerNotAllowed(producer_id, channel_id)
 
 
-def _token_hashes(channel_id: str, producer_id: str) -> tuple[str | None, str | None]:
-    """Both stored token hashes in one round trip (broadcast is the hot path)."""
+def _stored_credentials(channel_id: str, producer_id: str) -> tuple[str | None, str | None, bool]:
+    """Both stored token hashes and the producer's right to the channel, in one round trip
+    (broadcast is the hot path)."""
+    parameters = {"channel": channel_id, "producer": producer_id} | producer_rule_parameters()
     with connection.cursor() as cursor:
-        cursor.execute(TOKEN_HASHES_SQL, [channel_id, producer_id])
-        channel_hash, producer_hash = cursor.fetchone()
-    return channel_hash, producer_hash
+        cursor.execute(STORED_CREDENTIALS_SQL, parameters)
+        channel_hash, producer_hash, allowed = cursor.fetchone()
+    return channel_hash, producer_hash, bool(allowed)
 
 
 def _small_body(request: Request) -> bool:

@@ -133,7 +133,10 @@ class BroadcastBatchView(APIView):
                 "message); nothing stored",
             ),
             401: _error("unknown producer or missing token"),
-            403: _error("wrong token"),
+            403: _error(
+                "wrong token; or, with BROKER_PRODUCER_CHANNELS=bound, a channel the producer is"
+                " not allowed on; nothing stored"
+            ),
             404: _error("unknown channel"),
             409: OpenApiResponse(
                 BatchDuplicatesSerializer,

@@ -37,6 +37,8 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
     publishing.UnknownProducer: status.HTTP_401_UNAUTHORIZED,
     # Only when a token changed between the publish statement and the broadcast's own check.
     publishing.TokensRefused: status.HTTP_403_FORBIDDEN,
+    # BROKER_PRODUCER_CHANNELS=bound: the tokens are right, the channel is not the producer's.
+    publishing.ProducerNotAllowed: status.HTTP_403_FORBIDDEN,
     publishing.DuplicateMessage: status.HTTP_409_CONFLICT,
     publishing.PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     publishing.ScheduleTooSoon: status.HTTP_412_PRECONDITION_FAILED,

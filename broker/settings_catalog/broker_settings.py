@@ -10,6 +10,7 @@ from broker.settings_catalog.setting import BROKER, GATEWAY, RATE_LIMIT, Setting
 GATEWAY_AUTH_MODES = ("none", "hmac")
 EVENT_LOOPS = ("asyncio", "uvloop")
 HTTP_CLIENTS = ("libcurl", "aiohttp")
+PRODUCER_CHANNEL_RULES = ("open", "bound")
 
 
 class BrokerSettings(SettingGroup, section=BROKER):
@@ -35,6 +36,14 @@ class BrokerSettings(SettingGroup, section=BROKER):
         Flag(),
         False,
         "`/metrics` answers anyone; by default admins only (Prometheus can send a bearer token)",
+    )
+    BROKER_PRODUCER_CHANNELS = Setting(
+        Choice(PRODUCER_CHANNEL_RULES),
+        "open",
+        "`open`: a producer publishes to any channel whose token it holds (webhook-broker's"
+        " rule); `bound`: only to the channels it is allowed on (`channels` of"
+        " `PUT /producer/{p}`, the seed's `[initial-producer-channels]`), else `403`"
+        " ([api.md](api.md#producers-bound-to-channels))",
     )
     BROKER_ALLOW_PRIVATE_CALLBACKS = Setting(
         Flag(),

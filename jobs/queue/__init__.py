@@ -97,9 +97,10 @@ def insert_message(message: Message, tokens: TokenDigests | None = None) -> Inse
     """Insert an unsaved, unscheduled message and one QUEUED job per consumer its channel has,
     atomically, and wake the dispatchers at commit. Sets the message's key, status (DISPATCHED,
     or ACKNOWLEDGED when the channel has no consumer) and dispatch time. Inserts nothing when the
-    channel or the producer does not exist, or when `tokens` are given and do not both match
-    (the result says which); IntegrityError when the channel has a message with that ID. Inside
-    a caller's transaction it joins it (outbox)."""
+    channel or the producer does not exist, when `tokens` are given and do not both match, or
+    when the producer may not publish to the channel (rules.producer_may_publish; the result
+    says which); IntegrityError when the channel has a message with that ID. Inside a caller's
+    transaction it joins it (outbox)."""
     return backend.implementation().insert_message(message, tokens)
 
 
@@ -107,8 +108,9 @@ def insert_messages(batch: MessageBatch) -> InsertedBatch:
     """Insert a batch's messages and, for each unscheduled one, one QUEUED job per consumer its
     channel has, atomically; wake the dispatchers once, at commit. The keys come back in the
     batch's order, and job IDs follow it. Inserts nothing when the channel or the producer does
-    not exist (the result says which); IntegrityError, with nothing inserted, when an ID is
-    already the channel's. Inside a caller's transaction it joins it (outbox)."""
+    not exist, or the producer may not publish to the channel (the result says which);
+    IntegrityError, with nothing inserted, when an ID is already the channel's. Inside a
+    caller's transaction it joins it (outbox)."""
     return backend.implementation().insert_messages(batch)
 
 

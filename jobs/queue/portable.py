@@ -29,6 +29,7 @@ from jobs.queue.rules import (
     first_free_slot,
     heads_of_their_keys,
     in_flight_cap,
+    producer_may_publish,
     push_lease_expiry,
     receiving_push_consumers,
     slot_times,
@@ -65,8 +66,10 @@ class PortableQueue(PortablePullOperations):
         producer_hash = _token_hash(Producer, message.producer_id)
         if channel_hash is None or producer_hash is None:
             return Inserted(channel_hash is not None, producer_hash is not None)
-        if tokens and not tokens.match(channel_hash, producer_hash):
-            return Inserted(True, True, tokens_matched=False)
+        matched = not tokens or tokens.match(channel_hash, producer_hash)
+        allowed = producer_may_publish(message.producer_id, message.channel_id)
+        if not (matched and allowed):
+            return Inserted(True, True, tokens_matched=matched, producer_allowed=allowed)
         consumer_ids = subscribed_consumer_ids(
             _consumers_of(message.channel_id), message.event_type
         )
@@ -84,6 +87,8 @@ class PortableQueue(PortablePullOperations):
         producer_found = Producer.objects.filter(pk=batch.producer_id).exists()
         if not (channel_found and producer_found):
             return InsertedBatch(channel_found, producer_found, [])
+        if not producer_may_publish(batch.producer_id, batch.channel_id):
+            return InsertedBatch(True, True, [], producer_allowed=False)
         consumers = _consumers_of(batch.channel_id)
         fanouts = [subscribed_consumer_ids(consumers, m.event_type) for m in batch.messages]
         rows = [

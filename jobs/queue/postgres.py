@@ -30,6 +30,8 @@ from jobs.queue.rules import (
     SLOT_HORIZON_SECONDS,
     WAKEUP_CHANNEL,
     matching_patterns_sql,
+    producer_may_publish_sql,
+    producer_rule_parameters,
     push_lease_expiry,
     subscribed_sql,
 )
@@ -64,12 +66,20 @@ _NOTIFY = f"pg_notify('{WAKEUP_CHANNEL}', '')"
 # and, for a broadcast, their tokens: the digests of the tokens given must equal the stored ones
 # (an ordinary comparison, not a constant-time one, is safe here: it compares digests of what the
 # caller sent, and learning how many leading characters of such a digest match the stored one
-# tells nothing about a token, as SHA-256 cannot be steered towards a prefix).
+# tells nothing about a token, as SHA-256 cannot be steered towards a prefix); so is whether the
+# producer may publish to the channel (rules.producer_may_publish_sql). `checked` says which of
+# the two refused the message (coalesce: a token not given compares as null).
 INSERT_MESSAGE_SQL = f"""
 WITH channel AS (
     SELECT id, token_hash FROM {Channel._meta.db_table} WHERE id = %(channel)s
 ), producer AS (
     SELECT id, token_hash FROM {Producer._meta.db_table} WHERE id = %(producer)s
+), checked AS (
+    SELECT channel.id AS channel_id, producer.id AS producer_id,
+        NOT %(check_tokens)s OR coalesce(channel.token_hash = %(channel_token)s
+            AND producer.token_hash = %(producer_token)s, false) AS tokens_matched,
+        {producer_may_publish_sql("producer.id", "channel.id")} AS allowed
+    FROM channel, producer
 ), subscription AS (
     SELECT {matching_patterns_sql("%(event_type)s::text")} AS patterns
 ), consumers AS (
@@ -79,15 +89,14 @@ WITH channel AS (
     INSERT INTO {_MESSAGE} (channel_id, producer_id, public_id, payload,
         payload_file, payload_size, content_type, priority, headers, ordering_key, event_type,
         status, received_at, dispatched_at, traceparent, tracestate)
-    SELECT channel.id, producer.id, %(public_id)s, %(payload)s, %(payload_file)s,
-        %(payload_size)s, %(content_type)s, %(priority)s, %(headers)s::jsonb, %(ordering_key)s,
-        %(event_type)s,
+    SELECT checked.channel_id, checked.producer_id, %(public_id)s, %(payload)s,
+        %(payload_file)s, %(payload_size)s, %(content_type)s, %(priority)s, %(headers)s::jsonb,
+        %(ordering_key)s, %(event_type)s,
         CASE WHEN EXISTS (SELECT FROM consumers) THEN '{_DISPATCHED}' ELSE '{_ACKNOWLEDGED}' END,
         %(now)s, CASE WHEN EXISTS (SELECT FROM consumers) THEN %(now)s::timestamptz END,
         %(traceparent)s, %(tracestate)s
-    FROM channel, producer
-    WHERE NOT %(check_tokens)s OR (channel.token_hash = %(channel_token)s
-        AND producer.token_hash = %(producer_token)s)
+    FROM checked
+    WHERE checked.tokens_matched AND checked.allowed
     RETURNING id, status, dispatched_at
 ), jobs AS (
     INSERT INTO {_JOB} {_JOB_COLUMNS}
@@ -97,6 +106,7 @@ WITH channel AS (
 )
 SELECT message.id, message.status, message.dispatched_at,
     EXISTS (SELECT FROM channel), EXISTS (SELECT FROM producer),
+    (SELECT tokens_matched FROM checked), (SELECT allowed FROM checked),
     (SELECT {_NOTIFY} FROM message WHERE EXISTS (SELECT FROM consumers))
 FROM (SELECT) AS one_row LEFT JOIN message ON true
 """  # noqa: S608
@@ -386,15 +396,13 @@ class PostgresQueue(PostgresPullStatements):
         # Alone, the statement commits by itself; inside a caller's transaction it needs a
         # savepoint so that a refused message (duplicate ID) leaves that transaction usable.
         savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-        parameters = _message_parameters(message) | _token_parameters(tokens)
+        parameters = _message_parameters(message) | _check_parameters(tokens)
         with savepoint, connection.cursor() as cursor:
             cursor.execute(INSERT_MESSAGE_SQL, parameters)
-            pk, status, dispatched_at, channel_found, producer_found, _ = cursor.fetchone()
-        message.pk, message.status, message.dispatched_at = pk, status, dispatched_at
-        message._state.adding = pk is None
-        # Channel and producer found but nothing inserted: the tokens did not match.
-        refused = channel_found and producer_found and pk is None
-        return Inserted(channel_found, producer_found, tokens_matched=not refused)
+            row = cursor.fetchone()
+        message.pk, message.status, message.dispatched_at = row[:3]
+        message._state.adding = message.pk is None
+        return Inserted.from_checks(*row[3:7])
 
     def insert_messages(self, batch: MessageBatch) -> InsertedBatch:
         # As insert_message: a savepoint only inside a caller's transaction.
@@ -476,9 +484,10 @@ def _message_parameters(message: Message) -> dict[str, Any]:
     }
 
 
-def _token_parameters(tokens: TokenDigests | None) -> dict[str, Any]:
+def _check_parameters(tokens: TokenDigests | None) -> dict[str, Any]:
     return {
         "check_tokens": tokens is not None,
         "channel_token": tokens.channel if tokens else None,
         "producer_token": tokens.producer if tokens else None,
+        **producer_rule_parameters(),
     }

@@ -16,7 +16,12 @@ from typing import Any
 from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.models import Job
-from jobs.queue.rules import matching_patterns_sql, subscribed_sql
+from jobs.queue.rules import (
+    matching_patterns_sql,
+    producer_may_publish_sql,
+    producer_rule_parameters,
+    subscribed_sql,
+)
 from jobs.queue.types import InsertedBatch, MessageBatch
 from jobs.states import QUEUED
 
@@ -25,7 +30,8 @@ _STATUS = Message.Status
 
 
 def insert_batch_sql(job_columns: str, notify: str) -> str:
-    """The batch publish: the channel and producer checked, every message inserted in the batch's
+    """The batch publish: the channel and producer checked, and that the producer may publish to
+    the channel (rules.producer_may_publish_sql), every message inserted in the batch's
     order (so message IDs, and the job IDs made from them, follow it: an ordered consumer gets a
     key's messages in that order), one QUEUED job per subscribed consumer (rules.subscribed_sql)
     for each unscheduled message, and dispatchers woken once, at commit. The consumers are read
@@ -35,7 +41,8 @@ def insert_batch_sql(job_columns: str, notify: str) -> str:
 WITH channel AS (
     SELECT id FROM {Channel._meta.db_table} WHERE id = %(channel)s
 ), producer AS (
-    SELECT id FROM {Producer._meta.db_table} WHERE id = %(producer)s
+    SELECT known.id, {producer_may_publish_sql("known.id", "%(channel)s")} AS allowed
+    FROM {Producer._meta.db_table} known WHERE known.id = %(producer)s
 ), consumers AS MATERIALIZED (
     SELECT consumer.id, consumer.event_types FROM {Consumer._meta.db_table} consumer
     JOIN channel ON consumer.channel_id = channel.id
@@ -66,6 +73,7 @@ WITH channel AS (
         ) AS subscribed
         FROM item
     ) AS item, channel, producer
+    WHERE producer.allowed
     ORDER BY item.position
     RETURNING id, public_id, priority, ordering_key, scheduled_for
 ), jobs AS (
@@ -79,7 +87,7 @@ WITH channel AS (
     RETURNING message_id
 )
 SELECT EXISTS (SELECT FROM channel), EXISTS (SELECT FROM producer), inserted.public_ids,
-    inserted.keys, (SELECT {notify} WHERE EXISTS (SELECT FROM jobs))
+    inserted.keys, (SELECT allowed FROM producer), (SELECT {notify} WHERE EXISTS (SELECT FROM jobs))
 FROM (SELECT array_agg(public_id) AS public_ids, array_agg(id) AS keys FROM message) AS inserted
 """  # noqa: S608
 
@@ -116,14 +124,18 @@ def batch_parameters(batch: MessageBatch) -> dict[str, Any]:
         "producer": batch.producer_id,
         "now": batch.received_at,
         "messages": json.dumps(rows),
+        **producer_rule_parameters(),
     }
 
 
 def inserted_batch(batch: MessageBatch, row: Sequence[Any]) -> InsertedBatch:
     """The statement's answer: the keys of the messages in the batch's order (RETURNING gives
     rows in no promised order, so they are matched by public ID, unique in the batch)."""
-    channel_found, producer_found, public_ids, keys = row[:4]
+    channel_found, producer_found, public_ids, keys, allowed = row[:5]
     by_id = dict(zip(public_ids or [], keys or [], strict=True))
     return InsertedBatch(
-        channel_found, producer_found, [by_id[m.public_id] for m in batch.messages] if by_id else []
+        channel_found,
+        producer_found,
+        [by_id[m.public_id] for m in batch.messages] if by_id else [],
+        producer_allowed=not producer_found or allowed is True,
     )

@@ -1,6 +1,7 @@
 """The rules every queue operation applies, written once: lease length, in-flight caps, which
 consumers may receive (pause, circuit breaker, 429 throttling), how fast (rate limit), which
-consumers a message fans out to (event types) and which jobs of an ordered consumer may go out.
+consumers a message fans out to (event types), which jobs of an ordered consumer may go out, and
+which channels a producer may publish to (BROKER_PRODUCER_CHANNELS).
 
 The PostgreSQL statements (jobs/queue/postgres.py) apply the same rules in SQL, each statement
 naming the rule it follows here; the tests of jobs/queue run every operation on both databases.
@@ -15,6 +16,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from broker import event_types
 from broker.conf import broker_settings
+from broker.models import Producer
 from consumers.models import Consumer
 from jobs.models import Job, JobQuerySet
 from jobs.states import INFLIGHT, QUEUED
@@ -28,6 +30,8 @@ PENDING = (QUEUED, INFLIGHT)  # statuses of a job that is still on its way
 # its dispatcher until its slot, so the consumer's pace does not depend on how often dispatchers
 # claim, as long as one claims within this (their idle poll is a second too).
 SLOT_HORIZON_SECONDS = 1.0
+# The join table of Producer.allowed_channels: (producer_id, channel_id), unique together.
+_ALLOWED_CHANNELS = Producer.allowed_channels.through._meta.db_table
 
 
 def lease_length(incremental_timeout: int = 0) -> timedelta:
@@ -138,3 +142,33 @@ def key_busy(consumer: Consumer, ordering_key: str) -> bool:
     if consumer.ordering != Consumer.Ordering.ORDERED:
         return False
     return pending_of_key(consumer.pk, ordering_key).exists()
+
+
+def producers_bound() -> bool:
+    """BROKER_PRODUCER_CHANNELS=bound: a producer publishes only to the channels it is allowed
+    on, so that knowing a channel's token (every pull consumer of it does) is not enough to
+    publish there. `open`, the default, is webhook-broker's rule: any producer, any channel."""
+    return broker_settings.BROKER_PRODUCER_CHANNELS == "bound"
+
+
+def producer_may_publish(producer_id: str, channel_id: str) -> bool:
+    """Whether the producer may publish to the channel under BROKER_PRODUCER_CHANNELS."""
+    if not producers_bound():
+        return True
+    return Producer.objects.filter(pk=producer_id, allowed_channels=channel_id).exists()
+
+
+def producer_may_publish_sql(producer: str, channel: str) -> str:
+    """`producer_may_publish` in SQL, for the SQL expressions `producer` and `channel` (IDs):
+    true when the statement's parameter `producers_bound` is false, else one probe of the join
+    table's unique (producer, channel) index. `producer_rule_parameters()` gives the parameter.
+    Plain SQL that SQLite runs too (the broadcast's token query is not PostgreSQL's alone)."""
+    return f"""(NOT %(producers_bound)s OR EXISTS (
+        SELECT 1 FROM {_ALLOWED_CHANNELS} allowed
+        WHERE allowed.producer_id = {producer} AND allowed.channel_id = {channel}))"""  # noqa: S608 (code, not values)
+
+
+def producer_rule_parameters() -> dict[str, bool]:
+    """The parameters `producer_may_publish_sql` needs: the setting is read at each statement,
+    so that a change of it (a test's override) applies at once."""
+    return {"producers_bound": producers_bound()}

@@ -148,12 +148,28 @@ class TokenDigests:
 
 @dataclass(frozen=True)
 class Inserted:
-    """What inserting a message with its jobs found: a missing channel or producer, or tokens
-    that did not match, mean that nothing was inserted."""
+    """What inserting a message with its jobs found: a missing channel or producer, tokens that
+    did not match, or a producer not allowed on the channel (BROKER_PRODUCER_CHANNELS=bound)
+    mean that nothing was inserted."""
 
     channel_found: bool
     producer_found: bool
     tokens_matched: bool = True
+    producer_allowed: bool = True
+
+    @classmethod
+    def from_checks(
+        cls, channel_found: bool, producer_found: bool, matched: bool | None, allowed: bool | None
+    ) -> Inserted:
+        """From the PostgreSQL publish statement's checks: `matched` and `allowed` are null when
+        the channel or the producer is missing, and are then not what refused the message."""
+        found = channel_found and producer_found
+        return cls(
+            channel_found,
+            producer_found,
+            tokens_matched=not found or matched is True,
+            producer_allowed=not found or allowed is True,
+        )
 
 
 @dataclass(frozen=True)
@@ -244,9 +260,11 @@ class MessageBatch:
 
 @dataclass(frozen=True)
 class InsertedBatch:
-    """What inserting a batch did: nothing when the channel or the producer does not exist; else
-    the messages' keys (primary keys), in the batch's order."""
+    """What inserting a batch did: nothing when the channel or the producer does not exist, or
+    the producer may not publish to the channel (BROKER_PRODUCER_CHANNELS=bound); else the
+    messages' keys (primary keys), in the batch's order."""
 
     channel_found: bool
     producer_found: bool
     keys: list[int]
+    producer_allowed: bool = True

@@ -40,6 +40,7 @@ EXPECTED_KINDS = {
     "BROKER_OPEN_ADMIN_API": Flag(),
     "BROKER_PUBLIC_STATUS": Flag(),
     "BROKER_PUBLIC_METRICS": Flag(),
+    "BROKER_PRODUCER_CHANNELS": Choice(("open", "bound")),
     "BROKER_ALLOW_PRIVATE_CALLBACKS": Flag(),
     "BROKER_DELIVERY_TIMEOUT_SECONDS": Integer(minimum=1),
     "BROKER_DISPATCH_EVENT_LOOP": Choice(("asyncio", "uvloop")),

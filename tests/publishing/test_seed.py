@@ -179,3 +179,60 @@ def test_a_bad_file_leaves_earlier_loads_untouched(tmp_path):
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(CommandError, match="Cannot read"):
         call_command("load_seed", str(tmp_path / "absent.cfg"))
+
+
+# --- [initial-producer-channels] (ours: producers bound to channels) ---------------------------
+
+BOUND_SEED = GOOD_SEED + "\n[initial-producer-channels]\nshop = orders, Audit_Log-2\n"
+
+
+def allowed(producer_id: str) -> list[str]:
+    producer = Producer.objects.get(pk=producer_id)
+    return sorted(producer.allowed_channels.values_list("pk", flat=True))
+
+
+def test_producer_channels_are_loaded_and_reloading_changes_nothing(tmp_path):
+    load(tmp_path, BOUND_SEED)
+    assert allowed("shop") == ["Audit_Log-2", "orders"]
+    before = snapshot()
+
+    output = load(tmp_path, BOUND_SEED)
+
+    assert snapshot() == before
+    assert "producer shop: unchanged" in output
+
+
+def test_an_edited_entry_replaces_the_channels_and_no_entry_keeps_them(tmp_path):
+    load(tmp_path, BOUND_SEED)
+
+    edited = load(tmp_path, BOUND_SEED.replace("shop = orders, Audit_Log-2", "shop = orders"))
+    assert "producer shop: updated" in edited
+    assert allowed("shop") == ["orders"]
+
+    output = load(tmp_path, GOOD_SEED)  # the section left out: the channels stay as they are
+    assert "producer shop: unchanged" in output
+    assert allowed("shop") == ["orders"]
+
+    load(tmp_path, BOUND_SEED.replace("shop = orders, Audit_Log-2", "shop ="))
+    assert allowed("shop") == []  # an empty entry: no channel
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("ghost = orders", "[initial-producer-channels] ghost: not listed in [initial-producers]"),
+        (
+            "shop = orders, nowhere",
+            "[initial-producer-channels] shop: 'nowhere' is not listed in [initial-channels]",
+        ),
+        ("shop = orders, bad id!", "[initial-producer-channels] shop: 'bad id!' is not a channel"),
+    ],
+)
+def test_a_bad_producer_channels_entry_names_it_and_loads_nothing(tmp_path, entry, message):
+    bad = GOOD_SEED + f"\n[initial-producer-channels]\n{entry}\n"
+
+    with pytest.raises(CommandError) as error:
+        load(tmp_path, bad)
+
+    assert message in str(error.value)
+    assert snapshot() == []
