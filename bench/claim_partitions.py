@@ -198,7 +198,7 @@ def measure_mode(mode: str, warmup: int, runs: int) -> dict[str, Any]:
     and jobs, the CPU of the backend and of this process over the timed ones, and the plans."""
     from django.db import connection
 
-    from jobs.queue.postgres import CLAIM_FOR_PUSH_SQL
+    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL
 
     connection.close()  # without a pool, the next query opens a new session
     with connection.cursor() as cursor:
@@ -227,7 +227,7 @@ def explained_claim() -> tuple[float, float]:
     (planning ms, execution ms)."""
     from django.db import connection, transaction
 
-    from jobs.queue.postgres import CLAIM_FOR_PUSH_SQL
+    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL
 
     statements: list[str] = []
 

@@ -516,7 +516,13 @@ def drain_with_backlog(
 
 
 # The claim's parameters as a prepared statement's ($n), to EXPLAIN it with a generic plan.
-CLAIM_PLACEHOLDERS = {"now": "$1", "lease_until": "$2", "limit": "$3", "candidates": "$4"}
+# The claim's parameters in a prepared statement: the time, its lease, and the rest as a
+# dispatcher passes them (no room of its own for any consumer: every one is new to it).
+CLAIM_PLACEHOLDERS = {
+    "now": "$1", "lease_until": "$2", "limit": "$3", "candidates": "$4",
+    "dispatcher": "'bench'", "room_consumers": "'{}'", "rooms": "'{}'", "new": "'{}'",
+    "new_room": "$3", "new_budget": "$3",
+}  # fmt: skip
 PLAN_MODES = {"custom": "force_custom_plan", "generic": "force_generic_plan"}
 
 
@@ -527,7 +533,7 @@ def explain_claim(bench: Bench, label: str, setup: Callable[[], object] | None =
     one (what PostgreSQL may keep for a prepared statement after five runs)."""
     from django.utils import timezone
 
-    from jobs.queue.postgres import CLAIM_FOR_PUSH_SQL
+    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL
     from jobs.queue.rules import lease_expiry
 
     statement = CLAIM_FOR_PUSH_SQL % CLAIM_PLACEHOLDERS
@@ -767,8 +773,8 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
     over `keys` keys, each claim rolled back so that every one sees the same queue."""
     from django.utils import timezone
 
-    from jobs.queue.postgres import CLAIM_FOR_PUSH_SQL
-    from jobs.queue.rules import lease_expiry
+    from jobs.queue import ClaimRooms
+    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL, claim_parameters
 
     [consumer] = prepare(bench, 1, 9, None)  # nothing is sent
     bench.db.execute(
@@ -777,13 +783,7 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
     build_backlog(bench, rows, [consumer], 0, keys)
     timings = []
     for _ in range(bench.args.claim_samples):
-        now = timezone.now()
-        parameters = {
-            "now": now,
-            "lease_until": lease_expiry(now),
-            "limit": 100,
-            "candidates": 200,
-        }
+        parameters = claim_parameters(100, timezone.now(), ClaimRooms.unbounded(100), "bench")
         with bench.db.transaction() as claim:
             started = time.perf_counter()
             claimed = len(bench.db.execute(CLAIM_FOR_PUSH_SQL, parameters).fetchall())
