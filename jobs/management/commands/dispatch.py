@@ -58,6 +58,21 @@ class Command(BaseCommand):
             " cut off (default: %(default)s)",
         )
         parser.add_argument(
+            "--slow-seconds",
+            type=float,
+            default=defaults.slow_seconds,
+            help="a consumer whose answer takes longer than this is slow: slow consumers share"
+            ' --slow-share of the slots (docs/dispatcher.md, "Fair share"; default:'
+            " %(default)s)",
+        )
+        parser.add_argument(
+            "--slow-share",
+            type=float,
+            default=defaults.slow_share,
+            help="the share of --concurrency that slow consumers hold at most, all together"
+            " (default: %(default)s)",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=int,
             default=0,
@@ -95,7 +110,11 @@ class Command(BaseCommand):
             batch_size=options["batch_size"],
             poll_seconds=options["poll_seconds"],
             grace_seconds=options["grace_seconds"],
+            slow_seconds=options["slow_seconds"],
+            slow_share=options["slow_share"],
         )
+        if not (0 < config.slow_share <= 1 and config.slow_seconds > 0):
+            raise CommandError("--slow-share must be in (0, 1] and --slow-seconds above 0")
         if options["health_port"] and options["health_stale_seconds"] < 2 * config.poll_seconds:
             # Idle, or with the database down, the loop turns once per poll interval.
             raise CommandError("--health-stale-seconds must be at least twice --poll-seconds")
