@@ -1,6 +1,6 @@
 """Push outcomes recorded by each job's whole primary key, (id, partition_at), as the claim returned
-it (jobs/queue/postgres_push.py, RECORD_DELIVERIES_SQL; jobs/queue/outcomes.py): in the job's own time
-partition only, whatever its creation time; a job no longer under that key gets nothing."""
+it (jobs/queue/postgres_push.py, RECORD_DELIVERIES_SQL; jobs/queue/outcomes.py): in the job's own
+time partition only, whatever its creation time; a job no longer under that key gets nothing."""
 
 from __future__ import annotations
 
