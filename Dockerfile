@@ -59,6 +59,8 @@ WORKDIR /var/lib/broker
 USER 10001:10001
 EXPOSE 8000
 # The web server; the same image runs `django-admin dispatch`, `django-admin qcluster` and
-# `django-admin migrate` (compose.yaml, deploy/kubernetes/). Workers: WEB_CONCURRENCY (gunicorn
-# reads it; 2 x cores + 1 is the rule of thumb), more options in GUNICORN_CMD_ARGS.
-CMD ["gunicorn", "broker.wsgi", "--bind", "0.0.0.0:8000"]
+# `django-admin migrate` (compose.yaml, deploy/kubernetes/). gunicorn's settings are the broker's
+# (broker/gunicorn_conf.py: 4 threads a worker, so that long polls cannot take the server);
+# worker processes: WEB_CONCURRENCY (gunicorn reads it; one per core), more options and overrides
+# in GUNICORN_CMD_ARGS.
+CMD ["gunicorn", "--config", "python:broker.gunicorn_conf", "broker.wsgi", "--bind", "0.0.0.0:8000"]

@@ -26,7 +26,8 @@ path and single acknowledgement: the same database, migrations and clients. Run 
 root:
 
     .venv/bin/python bench/pull.py                           # this checkout alone
-    .venv/bin/python bench/pull.py --before /tmp/before      # and today's code beside it
+    .venv/bin/python bench/pull.py --before /tmp/before --server sync:5  # and the older tree
+    # (sync:5: a tree older than issue 36 has no broker/gunicorn_conf.py for `documented`)
     .venv/bin/python bench/pull.py --help
 """
 

@@ -55,6 +55,9 @@ class Worker:
             done = self.post(f"job/{job['ID']}", {"NextState": "DELIVERED"})
             if done.status_code != 202:
                 self.errors[f"report: HTTP {done.status_code}"] += 1
+        # The server could not hold the claim (its waiting places were taken): come back then.
+        if "Retry-After" in claimed.headers:
+            time.sleep(float(claimed.headers["Retry-After"]))
 
     def post(self, path: str, body: dict[str, Any]) -> requests.Response:
         return self.session.post(f"{self.base}/{path}", json=body, timeout=REQUEST_TIMEOUT_SECONDS)

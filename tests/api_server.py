@@ -24,6 +24,7 @@ from typing import IO
 
 from django.db import connection
 
+from broker.management.commands.runbroker import web_command
 from tests import ROOT
 from tests.clock import skip_if_moved
 
@@ -89,6 +90,15 @@ def running_api(**environment: str) -> Iterator[ApiServer]:
     port = _free_port()
     command = [str(GUNICORN), "broker.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
     with _serving(command, port, environment) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def running_documented_api(workers: int, **environment: str) -> Iterator[ApiServer]:
+    """The web server as `manage.py runbroker` runs it (gunicorn, its options there) with
+    `workers` worker processes, on 127.0.0.1 and this test's database; stopped afterwards."""
+    port = _free_port()
+    with _serving(web_command(f"127.0.0.1:{port}", workers), port, environment) as server:
         yield server
 
 

@@ -114,6 +114,14 @@ class BrokerSettings(SettingGroup, section=BROKER):
         "earliest allowed `X-Broker-Scheduled-For`, in seconds from now (`412` if sooner); not"
         " applied to `publish(scheduled_for=…)` (see [scheduled.md](scheduled.md))",
     )
+    BROKER_PULL_WAITERS_PER_PROCESS = Setting(
+        Integer(minimum=0),
+        2,
+        "long-poll claims (`wait`) one web server process holds at once, each in a thread of"
+        " its own; always fewer than gunicorn's `--threads`, so a thread is left for every other"
+        " request. A claim beyond them is answered at once, with `Retry-After`"
+        " ([api.md](api.md#pull-consumers)); `0`: no claim waits",
+    )
     BROKER_PAYLOAD_OFFLOAD_BYTES = Setting(
         Integer(minimum=1),
         262144,

@@ -24,6 +24,7 @@ from broker.api.errors import ApiError
 from broker.api.serializers import ErrorSerializer
 from broker.parsing import parse_int
 from consumers.models import Consumer
+from jobs.api import long_poll
 from jobs.api.access import authorized_consumer, consumer_job
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
 from jobs.models import Job, delete_jobs
@@ -48,12 +49,11 @@ from jobs.states import (
 
 DEFAULT_LIMIT, MAX_LIMIT = 25, 100
 MAX_INCREMENTAL_TIMEOUT = 86400
-# A long poll holds its worker: it must end well before gunicorn's default 30 s --timeout, which
+# A long poll holds its thread: it must end well before gunicorn's default 30 s --timeout, which
 # kills a sync worker busy with one request that long (seen under load: a 500 and a lost worker).
 # A longer wait is shortened to this, not refused: workers written for the earlier 30 s go on.
 MAX_WAIT_SECONDS = 20
 LONGEST_WAIT_ACCEPTED = 3600
-POLL_INTERVAL_SECONDS = 0.2
 TOKEN_HEADERS = [
     OpenApiParameter("X-Broker-Channel-Token", str, OpenApiParameter.HEADER, required=True),
     OpenApiParameter("X-Broker-Consumer-Token", str, OpenApiParameter.HEADER, required=True),
@@ -121,7 +121,15 @@ class ClaimView(TokenView):
     parser_classes = [FormParser, JSONParser]
 
     @extend_schema(
-        parameters=TOKEN_HEADERS, request=ClaimForm, responses={200: QueuedJobsSerializer}
+        parameters=TOKEN_HEADERS,
+        request=ClaimForm,
+        responses={
+            200: OpenApiResponse(
+                QueuedJobsSerializer,
+                description="the jobs taken, maybe none; with `Retry-After` (seconds) when the"
+                " claim could not wait (no waiting place free, or the server stopping)",
+            )
+        },
     )
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         """Atomically take up to `limit` queued jobs (INFLIGHT under a lease of `timeout` s)."""
@@ -130,20 +138,33 @@ class ClaimView(TokenView):
         form.is_valid(raise_exception=True)
         limit = form.validated_data.get("limit", DEFAULT_LIMIT)
         lease = form.validated_data.get("timeout")  # None: the queue's own lease length
-        deadline = time.monotonic() + min(form.validated_data.get("wait", 0), MAX_WAIT_SECONDS)
+        wait = min(form.validated_data.get("wait", 0), MAX_WAIT_SECONDS)
+        deadline = time.monotonic() + wait
         sweep_expired_leases()
         jobs = _claim_unless_paused(consumer, limit, lease) if limit else []
-        # Long poll: hold the request until jobs arrive or `wait` runs out. A paused consumer
-        # waits too, so its workers do not spin, and gets jobs if it is resumed meanwhile.
-        while limit and not jobs and time.monotonic() < deadline:
-            time.sleep(POLL_INTERVAL_SECONDS)
+        if jobs or not limit or not wait:
+            return _claimed(jobs)
+
+        # Long poll: hold the request until jobs arrive or `wait` runs out, if this process has
+        # a waiting place free (jobs/api/long_poll.py). A paused consumer waits too, so its
+        # workers do not spin, and gets jobs if it is resumed meanwhile.
+        def claim_again() -> list[Job]:
             consumer.refresh_from_db(fields=["paused"])
-            jobs = _claim_unless_paused(consumer, limit, lease)
-        return Response(QueuedJobsSerializer({"Result": jobs}).data)
+            return _claim_unless_paused(consumer, limit, lease)
+
+        polled = long_poll.poll(claim_again, deadline)
+        response = _claimed(polled.found)
+        if polled.come_back_seconds is not None:
+            response["Retry-After"] = str(polled.come_back_seconds)
+        return response
 
 
 def _claim_unless_paused(consumer: Consumer, limit: int, lease: int | None) -> list[Job]:
     return [] if consumer.paused else claim_for_pull(consumer, limit, lease)
+
+
+def _claimed(jobs: list[Job]) -> Response:
+    return Response(QueuedJobsSerializer({"Result": jobs}).data)
 
 
 class TransitionRequest(serializers.Serializer[Any]):

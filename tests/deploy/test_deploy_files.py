@@ -5,6 +5,7 @@ runs them.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import re
@@ -15,7 +16,10 @@ from typing import Any
 import pytest
 import yaml
 from django.core.management import get_commands, load_command_class
+from gunicorn.config import Config as GunicornConfig
 
+from broker import gunicorn_conf
+from broker.management.commands.runbroker import web_command
 from jobs.dispatch import DispatcherConfig
 from tests import ROOT
 
@@ -79,7 +83,8 @@ def test_the_image_sets_the_broker_up_and_serves_on_port_8000():
     assert ("EXPOSE", "8000") in stage
     assert any(name == "RUN" and "collectstatic" in a for name, a in stage)
     command = next(yaml.safe_load(a) for name, a in stage if name == "CMD")  # exec form
-    assert command[:2] == ["gunicorn", "broker.wsgi"]
+    assert command[0] == "gunicorn"
+    assert gunicorn_options(command).args == ["broker.wsgi"]
     assert command[command.index("--bind") + 1] == "0.0.0.0:8000"
     assert ("WORKDIR", "/var/lib/broker") in stage
 
@@ -358,4 +363,21 @@ def test_every_command_the_deployment_runs_exists_and_takes_its_options(where, a
                 for module, attribute in re.findall(r"from ([\w.]+) import (\w+)", parsed.command):
                     assert hasattr(importlib.import_module(module), attribute), where
         elif command and command[0] == "gunicorn":
-            assert importlib.util.find_spec(command[1]), where
+            parsed = gunicorn_options(command)  # exits (fails the test) on an unknown option
+            assert all(importlib.util.find_spec(app.split(":")[0]) for app in parsed.args), where
+
+
+def gunicorn_options(command: list[str]) -> argparse.Namespace:
+    """A gunicorn command line as gunicorn's own parser reads it."""
+    options: argparse.Namespace = GunicornConfig().parser().parse_args(command[1:])
+    return options
+
+
+def test_every_web_server_runs_with_the_brokers_gunicorn_settings():
+    # broker/gunicorn_conf.py: threads, so that long polls cannot take the web tier (issue 36).
+    web_servers = [argv for _, argv in RUN if argv[0] == "gunicorn"]
+    web_servers.append(web_command("127.0.0.1:8000", 2)[2:])  # manage.py runbroker's
+
+    assert len(web_servers) == 3  # the image's, Kubernetes' and runbroker's
+    for command in web_servers:
+        assert gunicorn_options(command).config == gunicorn_conf.CONFIG

@@ -54,6 +54,7 @@ EXPECTED_KINDS = {
     "BROKER_CIRCUIT_COOLDOWN_SECONDS": Integer(minimum=1),
     "BROKER_MAX_JOB_AGE_SECONDS": Integer(minimum=0),
     "BROKER_MIN_SCHEDULE_DELAY_SECONDS": Integer(minimum=0),
+    "BROKER_PULL_WAITERS_PER_PROCESS": Integer(minimum=0),
     "BROKER_PAYLOAD_OFFLOAD_BYTES": Integer(minimum=1),
     "BROKER_MAX_PAYLOAD_BYTES": Integer(minimum=1),
     "BROKER_MAX_BATCH_MESSAGES": Integer(minimum=1),

@@ -21,6 +21,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import broker
+from broker import gunicorn_conf
 from broker.conf import broker_settings
 from broker.models import ApiKey
 from broker.supervisor import Supervisor
@@ -43,7 +44,10 @@ class Command(BaseCommand):
             "--bind", default="127.0.0.1:8000", help="address:port of the web server"
         )
         parser.add_argument(
-            "--workers", type=int, default=2, help="gunicorn worker processes of the web server"
+            "--workers",
+            type=int,
+            default=2,
+            help="gunicorn worker processes of the web server (4 threads each)",
         )
         parser.add_argument(
             "--dispatchers", type=int, default=1, help="push dispatcher processes (0: none)"
@@ -117,10 +121,7 @@ def _processes(options: dict[str, Any]) -> list[tuple[str, list[str]]]:
         filter(None, [package_home, os.environ.get("PYTHONPATH")])
     )
     django = [sys.executable, "-m", "django"]
-    web = [sys.executable, "-m", "gunicorn", "broker.wsgi", "--bind", options["bind"]]
-    web += ["--workers", str(options["workers"]), "--graceful-timeout", "10"]
-    web += ["--no-control-socket"]  # one per user's home otherwise: two runs would share it
-    processes = [("web", web)]
+    processes = [("web", web_command(options["bind"], options["workers"]))]
     dispatchers = options["dispatchers"]
     for number in range(1, dispatchers + 1):
         name = "dispatch" if dispatchers == 1 else f"dispatch-{number}"
@@ -128,6 +129,14 @@ def _processes(options: dict[str, Any]) -> list[tuple[str, list[str]]]:
     if options["housekeeping"]:
         processes.append(("housekeeping", [*django, "qcluster"]))
     return processes
+
+
+def web_command(bind: str, workers: int) -> list[str]:
+    """The web server's command line, as this command runs it (and the tests of the server):
+    gunicorn with the broker's settings (broker/gunicorn_conf.py)."""
+    web = [*gunicorn_conf.command(bind, workers), "--graceful-timeout", "10"]
+    web += ["--no-control-socket"]  # one per user's home otherwise: two runs would share it
+    return web
 
 
 def first_admin_token() -> str:
