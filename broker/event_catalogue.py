@@ -1,13 +1,14 @@
 """A channel's event type catalogue (docs/api.md, "Event type catalogue"): a description per type
 and, optionally, a JSON Schema that the JSON payloads of that type must match at publish.
 
-Schemas are checked against their own metaschema when saved (Draft 2020-12 unless they name
-another with `$schema`), and never fetch anything: a `$ref` to another document is an error at
-validation, not a request. A payload is checked only when its content type is JSON
-(`application/json`, or any `+json` type) and its type has a schema; the refusal names the
-first failing place (a JSON path) and the rule it breaks. Compiled validators are kept per
-process, keyed by the entry's `changed_at`, so a changed schema applies to the next publish in
-every process.
+A schema is checked when saved (broker/schema_checks.py): valid for its draft (Draft 2020-12
+unless it names another with `$schema`), and one that checking payloads against cannot hurt: no
+reference outside itself (nothing is ever fetched), patterns RE2 runs, bounded size and depth. A
+payload is checked only when its content type is JSON (`application/json`, or any `+json` type)
+and its type has a schema, within the publish's budget of steps (broker/schema_validation.py);
+the refusal names the first failing place (a JSON path) and the rule it breaks, or the limit the
+check would go beyond (PayloadTooCostly). Compiled schemas are kept per process, keyed by the
+entry's `changed_at`, so a changed schema applies to the next publish in every process.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import json
 from typing import Any
 
 from django.db import transaction
-from jsonschema import exceptions, validators
 
 from broker.event_types import InvalidEventType, checked_event_type
 from broker.models import Channel, EventType
+from broker.schema_budget import MAX_PAYLOAD_DEPTH, Budget, TooCostly
+from broker.schema_checks import MAX_SCHEMA_DEPTH, SchemaRefused, checked
+from broker.schema_validation import BoundedSchema
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DESCRIPTION_LENGTH = 2000
@@ -33,23 +36,31 @@ class PayloadRefused(ValueError):
     """A JSON payload that does not match its type's schema; str() names where and why."""
 
 
+class PayloadTooCostly(PayloadRefused):
+    """A JSON payload whose check would go beyond a limit (broker/schema_budget.py): too deep,
+    or more steps than the publish has left; str() names the limit."""
+
+
 def checked_schema(text: str) -> dict[str, Any] | None:
     """The schema of a form field's JSON text (blank: none); InvalidCatalogueEntry if it is not
-    JSON, not an object, too large, or not a valid schema of its draft."""
+    JSON, not an object, too large, or breaks a rule of broker/schema_checks.py. The message
+    leaves out the field's name: the API's error and the admin's form put it in front."""
     if not text.strip():
         return None
     if len(text.encode()) > MAX_SCHEMA_BYTES:
-        raise InvalidCatalogueEntry(f"schema: at most {MAX_SCHEMA_BYTES} bytes.")
+        raise InvalidCatalogueEntry(f"at most {MAX_SCHEMA_BYTES} bytes.")
     try:
         schema = json.loads(text)
+    except RecursionError:
+        raise InvalidCatalogueEntry(f"nested deeper than {MAX_SCHEMA_DEPTH} levels.") from None
     except ValueError:
-        raise InvalidCatalogueEntry("schema: not JSON.") from None
+        raise InvalidCatalogueEntry("not JSON.") from None
     if not isinstance(schema, dict):
-        raise InvalidCatalogueEntry("schema: a JSON Schema is a JSON object.")
+        raise InvalidCatalogueEntry("a JSON Schema is a JSON object.")
     try:
-        validators.validator_for(schema).check_schema(schema)
-    except exceptions.SchemaError as error:
-        raise InvalidCatalogueEntry(f"schema: {_where(error)}: {error.message}") from None
+        checked(schema)
+    except SchemaRefused as error:
+        raise InvalidCatalogueEntry(str(error)) from None
     return schema
 
 
@@ -85,16 +96,19 @@ def is_json(content_type: str) -> bool:
 
 
 class Schemas:
-    """The schemas of one channel's event types, each read at most once (a batch of a thousand
-    messages of one type reads it once)."""
+    """The schemas of one channel's event types for one publish, each read at most once (a
+    batch of a thousand messages of one type reads it once), and the publish's budget of
+    validation steps, which the messages of a batch share."""
 
     def __init__(self, channel_id: str) -> None:
         self.channel_id = channel_id
+        self.budget = Budget()
         self._entries: dict[str, tuple[int, str, dict[str, Any]] | None] = {}
 
     def check(self, event_type: str | None, body: bytes, content_type: str) -> None:
         """PayloadRefused when `event_type` has a schema and the JSON payload does not match
-        it. One indexed read per new type of a JSON payload; none otherwise."""
+        it (PayloadTooCostly when checking it would go beyond a limit). One indexed read per new
+        type of a JSON payload; none otherwise."""
         if event_type is None or not is_json(content_type):
             return
         entry = self._entry(event_type)
@@ -102,16 +116,31 @@ class Schemas:
             return
         try:
             document = json.loads(body)
+        except RecursionError:
+            raise PayloadTooCostly(
+                f"The payload of event type {event_type!r} cannot be checked against its schema:"
+                f" it is nested deeper than {MAX_PAYLOAD_DEPTH} levels."
+            ) from None
         except (ValueError, UnicodeDecodeError):
             raise PayloadRefused(
                 f"The payload is not JSON, and event type {event_type!r} has a schema."
             ) from None
-        errors = sorted(_validator(*entry).iter_errors(document), key=_order)
-        if errors:
-            first = errors[0]
+        try:
+            first = _compiled(*entry).first_error(document, self.budget)
+        except TooCostly as error:
+            raise PayloadTooCostly(
+                f"The payload of event type {event_type!r} cannot be checked against its schema:"
+                f" {error}."
+            ) from None
+        except SchemaRefused as error:
+            raise PayloadRefused(
+                f"Event type {event_type!r} has a schema saved before the checks it now fails"
+                f" ({error}); an admin must change it."
+            ) from None
+        if first is not None:
             raise PayloadRefused(
                 f"The payload does not match the schema of event type {event_type!r}:"
-                f" {_where(first)}: {first.message[:300]}"
+                f" {first.json_path}: {first.message[:300]}"
             )
 
     def _entry(self, event_type: str) -> tuple[int, str, dict[str, Any]] | None:
@@ -127,24 +156,23 @@ class Schemas:
         return self._entries[event_type]
 
 
-_VALIDATORS: dict[tuple[int, str], Any] = {}
-MAX_VALIDATORS = 256
+_COMPILED: dict[tuple[int, str], BoundedSchema | str] = {}
+MAX_COMPILED = 256
 
 
-def _validator(pk: int, changed_at: str, schema: dict[str, Any]) -> Any:
-    """The compiled validator of an entry's version, built once per process."""
+def _compiled(pk: int, changed_at: str, schema: dict[str, Any]) -> BoundedSchema:
+    """The compiled schema of an entry's version, built once per process; SchemaRefused (also
+    remembered) for a schema saved before the checks it fails."""
     key = (pk, changed_at)
-    validator = _VALIDATORS.get(key)
-    if validator is None:
-        if len(_VALIDATORS) >= MAX_VALIDATORS:
-            _VALIDATORS.clear()
-        validator = _VALIDATORS[key] = validators.validator_for(schema)(schema)
-    return validator
-
-
-def _order(error: exceptions.ValidationError) -> list[str]:
-    return [str(part) for part in error.absolute_path]
-
-
-def _where(error: exceptions.ValidationError | exceptions.SchemaError) -> str:
-    return error.json_path
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        if len(_COMPILED) >= MAX_COMPILED:
+            _COMPILED.clear()
+        try:
+            compiled = BoundedSchema(schema)
+        except SchemaRefused as error:
+            compiled = str(error)
+        _COMPILED[key] = compiled
+    if isinstance(compiled, str):
+        raise SchemaRefused(compiled)
+    return compiled

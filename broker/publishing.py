@@ -320,7 +320,8 @@ def check_event_type(
 ) -> None:
     """InvalidMessage when `event_type` is given and not a valid one (naming the rule), or when
     the channel's event type catalogue has a schema for it that the JSON payload does not match
-    (broker/event_catalogue.py)."""
+    (broker/event_catalogue.py); PayloadTooLarge when checking the payload against it would go
+    beyond a limit of that check (its nesting, or the publish's validation steps)."""
     if event_type is None:
         return
     if not isinstance(event_type, str):
@@ -331,6 +332,8 @@ def check_event_type(
         raise InvalidMessage(str(exc), "event_type") from None
     try:
         schemas.check(event_type, body, content_type)
+    except event_catalogue.PayloadTooCostly as exc:
+        raise PayloadTooLarge(str(exc), "payload") from None
     except event_catalogue.PayloadRefused as exc:
         raise InvalidMessage(str(exc), "payload") from None
 

@@ -75,7 +75,9 @@ class ItemError:
     index: int
     field: str
     message: str
-    too_large: bool = False  # a payload over BROKER_MAX_PAYLOAD_BYTES (413, not 400)
+    # A payload over BROKER_MAX_PAYLOAD_BYTES, or too costly to check against its schema (413,
+    # not 400).
+    too_large: bool = False
 
 
 class BatchRefused(PublishError):
@@ -92,7 +94,8 @@ class InvalidBatch(BatchRefused, InvalidMessage):
 
 
 class BatchTooLarge(BatchRefused, PayloadTooLarge):
-    """A payload over BROKER_MAX_PAYLOAD_BYTES among the batch's problems."""
+    """A payload over BROKER_MAX_PAYLOAD_BYTES, or too costly to check against its schema, among
+    the batch's problems."""
 
 
 class TooManyMessages(PayloadTooLarge):

@@ -85,7 +85,10 @@ class BroadcastView(APIView):
             404: _error("unknown channel"),
             409: _error("duplicate message ID in the channel"),
             412: _error("X-Broker-Scheduled-For sooner than the minimum delay"),
-            413: _error("payload over BROKER_MAX_PAYLOAD_BYTES"),
+            413: _error(
+                "payload over BROKER_MAX_PAYLOAD_BYTES, or too costly to check against its event "
+                "type's schema (nesting, validation steps)"
+            ),
             429: _error(
                 "the producer is over BROKER_BROADCAST_RATE_LIMIT; Retry-After gives the seconds "
                 "to wait"

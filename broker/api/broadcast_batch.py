@@ -146,7 +146,8 @@ class BroadcastBatchView(APIView):
                 BatchErrorSerializer,
                 description="body over BROKER_MAX_BATCH_BYTES, more than "
                 "BROKER_MAX_BATCH_MESSAGES messages or than the producer's burst, or a payload "
-                "over BROKER_MAX_PAYLOAD_BYTES (listed in errors); nothing stored",
+                "over BROKER_MAX_PAYLOAD_BYTES or too costly to check against its event type's "
+                "schema (listed in errors); nothing stored",
             ),
             429: _error(
                 "the batch's messages are over the producer's BROKER_BROADCAST_RATE_LIMIT; "

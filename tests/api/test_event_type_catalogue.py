@@ -1,6 +1,8 @@
 """The event type catalogue (broker/event_catalogue.py, issue 19): a description and an optional
 JSON Schema per type of a channel, managed over the API, and JSON payloads of a type with a
-schema checked at publish (broadcast, batch, publish(), periodic messages)."""
+schema checked at publish (broadcast, batch, publish(), periodic messages). The limits on what a
+schema may be (issue 36, broker/schema_checks.py) are here too; the attacks they stop are in
+tests/reliability/test_hostile_schemas.py."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from django.test import Client
 from broker import publish
 from broker.models import EventType, Message
 from broker.publishing import InvalidMessage
+from broker.schema_checks import MAX_SCHEMA_DEPTH, MAX_SCHEMA_MEMBERS
 from tests.conftest import FORM
 from tests.helpers import BROADCAST_HEADERS
 
@@ -188,3 +191,78 @@ def test_a_periodic_message_is_checked_when_saved(admin_client, channel):
 
     assert refused.status_code == 400
     assert "'items' is a required property" in refused.json()["Error"]
+
+
+def nested_schema(levels):
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(levels - 1):
+        schema = {"not": schema}
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("schema", "error"),
+    [
+        (nested_schema(MAX_SCHEMA_DEPTH + 1), f"nested deeper than {MAX_SCHEMA_DEPTH} levels"),
+        ("[" * 30_000 + "]" * 30_000, f"schema: nested deeper than {MAX_SCHEMA_DEPTH} levels"),
+        (
+            {"properties": {"a": {f"x-{n}": n for n in range(MAX_SCHEMA_MEMBERS + 1)}}},
+            f"$.properties.a: 101 members; a schema object has at most {MAX_SCHEMA_MEMBERS}",
+        ),
+        (
+            {"items": {"$schema": "http://json-schema.org/draft-07/schema#"}},
+            "schema: $.items: `$schema` is taken only at the top",
+        ),
+        ({"$schema": "http://json-schema.org/draft-03/schema#"}, "schema: $.$schema:"),
+        ({"$schema": "https://example.com/my-dialect"}, "not a draft checked here"),
+    ],
+    ids=["deep", "deeper-than-the-parser", "members", "nested-dialect", "draft-3", "unknown"],
+)
+def test_a_schema_beyond_the_limits_is_400_naming_the_limit(admin_client, channel, schema, error):
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+
+    response = put(admin_client, "order.created", schema=text)
+
+    assert response.status_code == 400
+    assert error in response.json()["Error"]
+    assert not EventType.objects.exists()
+
+
+def test_what_schemas_do_within_the_limits_still_works(admin_client, client, channel):
+    """References inside the schema (by pointer, anchor, `$id`, dynamic), patterns, a draft
+    named in `$schema`, unevaluatedProperties with patternProperties: as before the limits."""
+    tree = {
+        "$id": "https://example.com/tree",
+        "$dynamicAnchor": "node",
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z]+\\d*$"},
+            "children": {"type": "array", "items": {"$dynamicRef": "#node"}},
+            "kind": {"$ref": "#/$defs/kind"},
+        },
+        "patternProperties": {"^x-": {"type": "string"}},
+        "unevaluatedProperties": False,
+        "$defs": {"kind": {"$anchor": "kind", "enum": ["leaf", "branch"]}},
+    }
+    with_schema(admin_client, schema=tree)
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"id": {"type": "string", "pattern": "^[0-9a-f]{4}$"}},
+        "properties": {"id": {"$ref": "#/definitions/id"}},
+        "additionalProperties": False,
+    }
+    with_schema(admin_client, name="order.old", schema=draft7)
+    good_tree = {"name": "a1", "x-note": "n", "children": [{"name": "b", "kind": "leaf"}]}
+
+    def old(payload):
+        return broadcast(client, json.dumps(payload), **{"X-Broker-Event-Type": "order.old"})
+
+    assert broadcast(client, json.dumps(good_tree)).status_code == 201
+    extra = broadcast(client, json.dumps({**good_tree, "colour": "red"}))
+    assert extra.status_code == 400
+    assert "'colour' was unexpected" in extra.json()["Error"]
+    bad_child = broadcast(client, json.dumps({"name": "a", "children": [{"name": "B"}]}))
+    assert "$.children[0].name" in bad_child.json()["Error"]
+    assert old({"id": "0a1f"}).status_code == 201
+    assert old({"id": "0a1g"}).status_code == 400
+    assert old({"id": "0a1f", "more": 1}).status_code == 400
