@@ -66,7 +66,6 @@ RUNSERVER = "runserver"
 # gthread setup docs/performance.md compares with it.
 DEFAULT_SERVERS = [RUNSERVER, f"sync:{2 * CORES + 1}", f"gthread:{CORES}x4"]
 SERVER, DISPATCHER, QCLUSTER = "server", "dispatcher", "qcluster"
-LISTENER = "webhook-broker dispatcher listener"  # jobs/queue/wakeup.py's own LISTEN connection
 AdminConnection = psycopg.Connection[tuple[object, ...]]
 
 

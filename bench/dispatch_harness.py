@@ -39,7 +39,9 @@ DATABASE = "bench_dispatch"
 CHANNEL, PRODUCER = "bench", "bench-producer"
 PAYLOAD = json.dumps({"order": 12345, "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 160})
 CORES = os.cpu_count() or 1
-LISTENER_NAME = "webhook-broker dispatcher listener"  # application_name in jobs/queue/wakeup.py
+# The application_name of a dispatcher's LISTEN connection begins so (jobs/queue/dispatchers.py,
+# SESSION_PREFIX; not imported: the harness reads it before Django is set up).
+LISTENER_PREFIX = "webhook-broker dispatcher "
 
 
 @dataclass(frozen=True)
@@ -454,8 +456,8 @@ def wait_until_listening(
         beats = bench.scalar("SELECT count(*) FROM jobs_dispatcherheartbeat")
         listening = bench.scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = %(name)s AND query ILIKE 'LISTEN%%'",
-            {"name": LISTENER_NAME},
+            " AND starts_with(application_name, %(prefix)s) AND query ILIKE 'LISTEN%%'",
+            {"prefix": LISTENER_PREFIX},
         )
         if beats >= len(processes) and listening >= len(processes):
             return
