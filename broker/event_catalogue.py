@@ -20,6 +20,7 @@ from jsonschema import exceptions, validators
 
 from broker.event_types import InvalidEventType, checked_event_type
 from broker.models import Channel, EventType
+from broker.storable_text import UnstorableText, read_json
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DESCRIPTION_LENGTH = 2000
@@ -41,9 +42,11 @@ def checked_schema(text: str) -> dict[str, Any] | None:
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise InvalidCatalogueEntry(f"schema: at most {MAX_SCHEMA_BYTES} bytes.")
     try:
-        schema = json.loads(text)
+        schema = read_json(text, root="$")
     except ValueError:
         raise InvalidCatalogueEntry("schema: not JSON.") from None
+    except UnstorableText as error:  # stored as jsonb, which holds neither
+        raise InvalidCatalogueEntry(f"schema: {error}") from None
     if not isinstance(schema, dict):
         raise InvalidCatalogueEntry("schema: a JSON Schema is a JSON object.")
     try:

@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from broker import event_types
+from broker.admin import STORABLE_JSON
 from consumers.models import Consumer
 from consumers.services import (
     InvalidSetting,
@@ -49,6 +50,7 @@ class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
 @admin.register(Consumer)
 class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = ConsumerForm
+    formfield_overrides = STORABLE_JSON
     list_display = [
         "public_id",
         "channel",
