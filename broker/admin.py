@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse_lazy
@@ -31,8 +31,15 @@ from broker.periodic import (
 )
 from broker.publishing import PublishError
 from broker.scheduling import AlreadyReleased, NotScheduled, cancel_scheduled
+from broker.storable_text import StorableJSONField
 
 PAYLOAD_PREVIEW_BYTES = 4096
+# The formfield_overrides of every admin that edits a JSON field: text the database cannot store
+# (a lone surrogate, NUL) is refused on the field, naming its place, never a 500 on save
+# (tests/reliability/test_hostile_text.py checks that no admin is without it).
+STORABLE_JSON: dict[type[models.Field[Any, Any]], dict[str, Any]] = {
+    models.JSONField: {"form_class": StorableJSONField}
+}
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -107,6 +114,7 @@ class EventTypeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """The event type catalogue (docs/api.md, "Event type catalogue")."""
 
     form = EventTypeForm
+    formfield_overrides = STORABLE_JSON
     list_display = ["name", "channel", "changed_at"]
     list_filter = ["channel"]
     search_fields = ["name", "description"]
@@ -186,6 +194,7 @@ class PeriodicMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     and disable. A change of the schedule or of `enabled` moves the next run (docs/periodic.md)."""
 
     form = PeriodicMessageForm
+    formfield_overrides = STORABLE_JSON
     list_display = [
         "channel",
         "public_id",

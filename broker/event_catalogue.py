@@ -23,6 +23,7 @@ from broker.models import Channel, EventType
 from broker.schema_budget import MAX_PAYLOAD_DEPTH, Budget, TooCostly
 from broker.schema_checks import MAX_SCHEMA_DEPTH, SchemaRefused, checked
 from broker.schema_validation import BoundedSchema
+from broker.storable_text import UnstorableText, read_json
 
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DESCRIPTION_LENGTH = 2000
@@ -50,11 +51,13 @@ def checked_schema(text: str) -> dict[str, Any] | None:
     if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise InvalidCatalogueEntry(f"at most {MAX_SCHEMA_BYTES} bytes.")
     try:
-        schema = json.loads(text)
+        schema = read_json(text, root="$")
     except RecursionError:
         raise InvalidCatalogueEntry(f"nested deeper than {MAX_SCHEMA_DEPTH} levels.") from None
     except ValueError:
         raise InvalidCatalogueEntry("not JSON.") from None
+    except UnstorableText as error:  # stored as jsonb, which holds neither
+        raise InvalidCatalogueEntry(str(error)) from None
     if not isinstance(schema, dict):
         raise InvalidCatalogueEntry("a JSON Schema is a JSON object.")
     try:

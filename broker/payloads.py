@@ -7,9 +7,13 @@ message row holds only the file's name. Names are random UUIDs: unique without a
 unguessable, so a storage listing or a URL leaks nothing about which message a file belongs to.
 
 A file is written before its message row is inserted, so a committed message never names a file
-that was not written. The reverse can happen: a file whose row never committed (the caller's
-transaction rolled back, the process died in between). Those orphans are harmless and are removed
-by `manage.py purge_orphan_payloads` (`Message.purge_orphan_payloads`).
+that was not written. A publish that is refused after writing files (the storage filled up at the
+third payload of a batch, a duplicate ID, a value the database refused) deletes every file it
+wrote (`DeletedIfRefused`), so a refusal changes nothing. What remains can only be a file whose
+row may or may not exist (the connection was lost during the insert: a refusal is not certain),
+or whose row never committed (the caller's transaction rolled back, the process died in
+between). Those orphans are harmless and are removed by `manage.py purge_orphan_payloads`
+(`Message.purge_orphan_payloads`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
+from types import TracebackType
 
 from django.core.files import File
 from django.core.files.base import ContentFile
@@ -68,6 +73,38 @@ def store(body: bytes) -> str:
         logger.error("could not store an offloaded payload: %s", exc)
         delete(name)  # what a failed write left behind (FileSystemStorage keeps partial files)
         raise PayloadNotStored from exc
+
+
+class DeletedIfRefused:
+    """The payloads one publish stores, deleted again if it is refused.
+
+    `with DeletedIfRefused(refusals) as written:` then `written.store(body)` for each payload:
+    when the block raises one of `refusals` (the storage refusing a later payload is one), every
+    file stored in it is deleted before the exception goes on. Another exception keeps them: the
+    rows naming them may exist.
+    """
+
+    def __init__(self, refusals: tuple[type[BaseException], ...]) -> None:
+        self.refusals = refusals
+        self.names: list[str] = []
+
+    def store(self, body: bytes) -> str:
+        name = store(body)
+        self.names.append(name)
+        return name
+
+    def __enter__(self) -> DeletedIfRefused:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is not None and isinstance(exc, self.refusals):
+            for name in self.names:
+                delete(name)
 
 
 def open_payload(name: str) -> File[bytes]:

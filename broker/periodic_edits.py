@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +30,7 @@ from broker.periodic import (
     validate_time_zone,
 )
 from broker.publishing import INT32_MAX, INT32_MIN, PublishError
+from broker.storable_text import UnstorableText, read_json
 
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 # The settings whose change moves next_run_at to the first tick of the new schedule.
@@ -94,9 +94,11 @@ class PeriodicMessageForm(serializers.Serializer[Any]):
 
     def validate_headers(self, value: str) -> dict[str, str]:
         try:
-            headers = json.loads(value) if value.strip() else {}
+            headers = read_json(value, root="$") if value.strip() else {}
         except ValueError:
             raise serializers.ValidationError("a JSON object of header names to text.") from None
+        except UnstorableText as error:  # stored as jsonb, which holds neither
+            raise serializers.ValidationError(str(error)) from None
         if not isinstance(headers, dict):
             raise serializers.ValidationError("a JSON object of header names to text.")
         return headers

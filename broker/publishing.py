@@ -116,6 +116,13 @@ class TokensRefused(PublishError):
     HTTP broadcast then reads the stored tokens to say which (404, 401 or 403)."""
 
 
+# What refuses a publish for certain once it has written payload files: no row names them, so they
+# are deleted again (payloads.DeletedIfRefused). After another error, a connection lost during
+# the insert say, the row may exist: the files stay, and purge_orphan_payloads removes them if
+# not.
+REFUSALS = (PublishError, IntegrityError, DataError, payloads.PayloadNotStored)
+
+
 def publish(
     channel: Channel | str,
     payload: bytes | str | dict[str, Any] | list[Any],
@@ -189,19 +196,12 @@ def publish(
             traceparent=trace.traceparent if trace else None,
             tracestate=(trace.tracestate or None) if trace else None,
         )
-        if payloads.should_offload(body):
-            # Written before the row, so that a stored message always has its file
-            # (docs/delivery.md, "Large payloads").
-            message.payload, message.payload_file = b"", payloads.store(body)
-        try:
+        with payloads.DeletedIfRefused(REFUSALS) as written:
+            if payloads.should_offload(body):
+                # Written before the row, so that a stored message always has its file
+                # (docs/delivery.md, "Large payloads").
+                message.payload, message.payload_file = b"", written.store(body)
             _insert(message, tokens)
-        except (PublishError, IntegrityError, DataError):
-            # Refused for certain: no row names the file. (After other errors, a lost connection
-            # say, the row may exist: the file stays, and purge_orphan_payloads removes it if
-            # not.)
-            if message.payload_file:
-                payloads.delete(message.payload_file)
-            raise
         return message
 
 

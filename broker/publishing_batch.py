@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db import DataError, IntegrityError
+from django.db import IntegrityError
 from django.utils import timezone
 
 from broker import payloads, tracing
@@ -26,6 +26,7 @@ from broker.conf import broker_settings
 from broker.event_catalogue import Schemas
 from broker.models import Channel, Message, Producer
 from broker.publishing import (
+    REFUSALS,
     DuplicateMessage,
     InvalidMessage,
     PayloadTooLarge,
@@ -213,29 +214,25 @@ def store_batch(
     channel_id: str, producer_id: str, rows: list[NewMessage]
 ) -> list[PublishedMessage]:
     """Offload the large payloads, then insert the checked rows with their jobs in one queue
-    operation. Refused (a duplicate ID, an unknown channel or producer, a producer not allowed
-    on the channel): the files just written are deleted and nothing is stored."""
+    operation. Refused (the payload storage refusing one of the payloads, a duplicate ID, an
+    unknown channel or producer, a producer not allowed on the channel): every file the batch
+    wrote is deleted and nothing is stored."""
     if not rows:
         return []
-    rows = [_offloaded(row) if payloads.should_offload(row.payload) else row for row in rows]
-    batch = MessageBatch(channel_id, producer_id, timezone.now(), rows)
-    try:
-        keys = _insert(batch)
-    except (PublishError, IntegrityError, DataError):
-        # Refused for certain: no row names the files (as in publish()).
-        for row in rows:
-            if row.payload_file:
-                payloads.delete(row.payload_file)
-        raise
+    with payloads.DeletedIfRefused(REFUSALS) as written:
+        # Written before the rows, so that a stored message always has its file
+        # (docs/delivery.md, "Large payloads").
+        rows = [
+            row._replace(payload=b"", payload_file=written.store(row.payload))
+            if payloads.should_offload(row.payload)
+            else row
+            for row in rows
+        ]
+        keys = _insert(MessageBatch(channel_id, producer_id, timezone.now(), rows))
     return [
         PublishedMessage(row.public_id, key, row.scheduled_for is not None)
         for row, key in zip(rows, keys, strict=True)
     ]
-
-
-def _offloaded(row: NewMessage) -> NewMessage:
-    # Written before the rows, so that a stored message always has its file (docs/delivery.md).
-    return row._replace(payload=b"", payload_file=payloads.store(row.payload))
 
 
 def _insert(batch: MessageBatch) -> list[int]:

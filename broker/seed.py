@@ -34,7 +34,7 @@ from broker.stakeholders import (
     parse_channel_ids,
     set_allowed_channels,
 )
-from consumers.callback_url import validate_callback_url
+from consumers.callback_url import masked_callback_url, validate_callback_url
 from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
 from consumers.services import InvalidSetting, parse_max_per_second
@@ -206,8 +206,10 @@ def _parse_consumer(
         validate_callback_url(url)
     except ValidationError as error:
         reason = error.messages[0].rstrip(".")
+        # Masked: the error reaches the command's output and the logs of a container's start.
+        shown = masked_callback_url(url)
         raise SeedError(
-            CONSUMERS, key, f"{url!r} is not a usable callback URL: it {reason}"
+            CONSUMERS, key, f"{shown!r} is not a usable callback URL: it {reason}"
         ) from None
     try:
         check_callback_url(url)

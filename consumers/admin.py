@@ -8,22 +8,39 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from broker import event_types
+from broker.admin import STORABLE_JSON
 from consumers.models import Consumer
 from consumers.services import (
     InvalidSetting,
-    checked_callback_url,
+    checked_new_callback_url,
     parse_max_per_second,
     set_paused,
 )
 
 
 class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
-    def clean_callback_url(self) -> str:
+    # In place of the model's field, which would write the URL, credentials and query in clear,
+    # into the page: the change form shows it masked (ConsumerAdmin.callback) and takes a new one.
+    new_callback_url = forms.CharField(
+        label="New callback URL",
+        required=False,
+        max_length=2048,
+        help_text="Blank: keep the current one. A new URL is typed whole: its credentials and "
+        "query values are never shown again.",
+    )
+
+    def clean_new_callback_url(self) -> str:
         """The API's check, address guard included: a private address is refused on save."""
+        url: str = self.cleaned_data["new_callback_url"]
+        if not url and self.instance._state.adding:
+            raise forms.ValidationError("A new consumer needs a callback URL.")
         try:
-            return checked_callback_url(self.cleaned_data["callback_url"])
+            url = checked_new_callback_url(url, self.instance.callback_url)
         except InvalidSetting as exc:
             raise forms.ValidationError(str(exc)) from None
+        if url:
+            self.instance.callback_url = url  # the model field is not in the form
+        return url
 
     def clean_max_per_second(self) -> float | None:
         """The API's bounds for the rate limit."""
@@ -49,23 +66,27 @@ class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
 @admin.register(Consumer)
 class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = ConsumerForm
+    formfield_overrides = STORABLE_JSON
     list_display = [
         "public_id",
         "channel",
         "type",
-        "callback_url",
+        "callback",
         "paused",
         "circuit",
         "circuit_failures",
         "changed_at",
     ]
     list_filter = ["type", "paused", "channel"]
-    search_fields = ["public_id", "name", "callback_url"]
+    # Not the callback URL: a search by it would tell its secrets a character at a time.
+    search_fields = ["public_id", "name"]
     # Encrypted at rest and never shown in list or form views: the operator UI reveals a signing
-    # secret only on purpose, after a confirmation (docs/ui-consumers.md).
-    exclude = ["token", "signing_secret", "previous_signing_secret"]
+    # secret only on purpose, after a confirmation (docs/ui-consumers.md). The callback URL is
+    # shown masked (`callback`) and replaced through the form's `new_callback_url`.
+    exclude = ["token", "signing_secret", "previous_signing_secret", "callback_url"]
     # The circuit is the dispatcher's to change (and the "close circuit" action's), not the form's.
     readonly_fields = [
+        "callback",
         "created_at",
         "changed_at",
         "circuit_failures",
@@ -86,6 +107,10 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if "max_per_second" in form.changed_data:
             obj.next_slot_at = None  # slots booked at the old rate do not hold the new one back
         super().save_model(request, obj, form, change)
+
+    @admin.display(description="callback URL")
+    def callback(self, consumer: Consumer) -> str:
+        return consumer.masked_callback_url
 
     @admin.display(description="circuit")
     def circuit(self, consumer: Consumer) -> str:

@@ -13,7 +13,7 @@ from broker.conf import broker_settings
 from broker.crypto import EncryptedTextField
 from broker.models import ChangeTracked, Channel, validate_resource_id
 from broker.tokens import generate_token, secrets_equal
-from consumers.callback_url import validate_callback_url
+from consumers.callback_url import masked_callback_url, validate_callback_url
 
 SIGNING_FIELDS = ["signing_secret", "previous_signing_secret", "previous_secret_expires_at"]
 CIRCUIT_FIELDS = ["circuit_failures", "circuit_open_until", "circuit_cooldown_seconds"]
@@ -92,6 +92,11 @@ class Consumer(ChangeTracked):
 
     def __str__(self) -> str:
         return f"{self.channel_id}/{self.public_id}"
+
+    @property
+    def masked_callback_url(self) -> str:
+        """The callback URL as a page or a log may show it: its credentials and query masked."""
+        return masked_callback_url(self.callback_url)
 
     @property
     def retry_delays_in_effect(self) -> list[int]:

@@ -23,7 +23,7 @@ from broker import event_types
 from broker.models import Channel
 from broker.parsing import parse_int
 from broker.stakeholders import apply_stakeholder_form
-from consumers.callback_url import validate_callback_url
+from consumers.callback_url import masked_callback_url, validate_callback_url
 from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
 from jobs.queue import restart_age
@@ -85,6 +85,20 @@ def checked_callback_url(value: str) -> str:
     except UnsafeCallback as exc:
         raise InvalidSetting(exc.message) from None
     return value
+
+
+def checked_new_callback_url(value: str, current: str) -> str:
+    """A callback URL typed into a form that shows the current one masked (the UI's and the
+    admin's edit forms): blank keeps the current one (""); the masked text copied back is refused,
+    for saving it would put MASK where the secrets were; anything else as checked_callback_url."""
+    if not value:
+        return ""
+    if value == masked_callback_url(current) != current:
+        raise InvalidSetting(
+            "This is the current URL with its secrets masked: type the whole new URL, or leave "
+            "the field blank to keep the current one."
+        )
+    return checked_callback_url(value)
 
 
 def parse_retry_delays(value: str) -> list[int] | None:

@@ -20,6 +20,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from django.test import client as test_client
+
+    from broker.utf8_requests import Utf8WSGIRequest
+
+    # The test client builds each request with the class broker.wsgi's application builds it with
+    # (URLs and forms read as UTF-8), not with Django's own.
+    test_client.WSGIRequest = Utf8WSGIRequest  # type: ignore[attr-defined]
     days = config.getoption("--clock-ahead-days")
     if days:
         ahead = time_machine.travel(datetime.now(UTC) + timedelta(days=days), tick=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +22,7 @@ from broker.conf import broker_settings
 from broker.publishing import ScheduleTooSoon
 from broker.publishing_batch import BatchMessage, ItemError, TooManyMessages
 from broker.scheduling import parse_rfc3339, require_min_delay
+from broker.storable_text import read_json
 
 FIELDS = frozenset(
     {
@@ -39,6 +39,8 @@ FIELDS = frozenset(
         "event_type",
     }
 )
+# A text payload is stored as its UTF-8 bytes, which may hold NUL; every other text may not.
+BINARY_FIELDS = frozenset({"messages[].payload"})
 TEXT_FIELDS = ("id", "content_type", "ordering_key", "traceparent", "tracestate", "event_type")
 # publish()'s names for the fields whose names differ on the wire.
 WIRE_NAMES = {"message_id": "id"}
@@ -53,9 +55,10 @@ class FieldProblem(Exception):
 
 def read_batch(body: bytes) -> list[Any]:
     """The `messages` of a request's body: 400 unless a JSON object with a non-empty list of
-    them, 413 with more than BROKER_MAX_BATCH_MESSAGES."""
+    them, or when a field holds text that cannot be stored (UnstorableText, naming it); 413 with
+    more than BROKER_MAX_BATCH_MESSAGES."""
     try:
-        document = json.loads(body)
+        document = read_json(body, binary=BINARY_FIELDS)
     except (ValueError, UnicodeDecodeError):
         raise _bad('The body must be JSON: {"messages": [...]}.') from None
     if not isinstance(document, dict) or set(document) != {"messages"}:

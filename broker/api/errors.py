@@ -19,6 +19,7 @@ from rest_framework.response import Response
 
 from broker import payloads, publishing
 from broker.ratelimit import RateLimited
+from broker.storable_text import UnstorableText
 from jobs.states import ForbiddenTransition
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
     publishing.InvalidMessage: status.HTTP_400_BAD_REQUEST,
     ForbiddenTransition: status.HTTP_400_BAD_REQUEST,
     payloads.PayloadNotStored: status.HTTP_507_INSUFFICIENT_STORAGE,
+    # A lone surrogate or a NUL where the database cannot keep it, named by its field.
+    UnstorableText: status.HTTP_400_BAD_REQUEST,
 }
 
 

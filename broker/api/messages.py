@@ -14,13 +14,14 @@ from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.parsers import FormParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
 from broker.api.pagination import url_page
+from broker.api.parsers import JsonBodyParser
 from broker.api.scheduled import PENDING, RELEASED, scheduled_messages_url
 from broker.api.serializers import ErrorSerializer, ListResultSerializer, PayloadFieldsMixin
 from broker.models import Channel, Message
@@ -199,7 +200,7 @@ class ReplaySerializer(serializers.Serializer[Any]):
 class MessageReplayView(APIView):
     """Deliver an already delivered message again, to one consumer or to all (docs/api.md)."""
 
-    parser_classes = [FormParser, JSONParser]
+    parser_classes = [FormParser, JsonBodyParser]
 
     @extend_schema(
         request=ReplayForm,

@@ -100,11 +100,11 @@ class ConsumerSettingsForm(forms.Form):
 
     def api_form(self) -> dict[str, Any]:
         """The cleaned settings under the API's field names, as services.save_consumer takes
-        them; a blank token or secret is left out, which keeps the current one."""
+        them; a blank callback URL (on edit), token or secret is left out, which keeps the
+        current one."""
         data = self.cleaned_data
         form = {
             "name": data["name"],
-            "callbackUrl": data["callback_url"],
             "type": data["type"],
             "ordering": data["ordering"],
             "retryDelays": data["retry_delays"],
@@ -114,6 +114,8 @@ class ConsumerSettingsForm(forms.Form):
             "maxPerSecond": data["max_per_second"],
             "eventTypes": data["event_types"],
         }
+        if data["callback_url"]:
+            form["callbackUrl"] = data["callback_url"]
         if data["token"]:
             form["token"] = data["token"]
         if data.get("signing_secret"):  # the field is there for users who may set it
@@ -142,9 +144,29 @@ class NewConsumerForm(ConsumerSettingsForm):
 
 
 class EditConsumerForm(ConsumerSettingsForm):
+    """The settings of `consumer`. Its callback URL is never written into the page, where its
+    credentials and query would be in clear: the field starts blank, which keeps it, and its help
+    shows it masked (Consumer.masked_callback_url)."""
+
     # The consumer's ChangedAt when the form was rendered (optimistic concurrency, as the API's
     # If-Unmodified-Since but to the microsecond).
     changed_at = forms.CharField(widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, consumer: Consumer, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.current_callback_url = consumer.callback_url
+        field = self.fields["callback_url"]
+        field.label, field.required = "New callback URL", False
+        field.help_text = (
+            f"Now: {consumer.masked_callback_url}. Blank: keep it. A new URL is typed whole: its "
+            "credentials and query values are never shown again."
+        )
+
+    def clean_callback_url(self) -> str:
+        url: str = self.cleaned_data["callback_url"]
+        return services.validated(
+            lambda value: services.checked_new_callback_url(value, self.current_callback_url), url
+        )
 
     def clean_changed_at(self) -> datetime:
         try:
@@ -155,9 +177,9 @@ class EditConsumerForm(ConsumerSettingsForm):
     @classmethod
     def of(cls, consumer: Consumer) -> EditConsumerForm:
         return cls(
+            consumer=consumer,
             initial={
                 "name": consumer.name,
-                "callback_url": consumer.callback_url,
                 "type": consumer.type,
                 "ordering": consumer.ordering,
                 "retry_delays": _joined(consumer.retry_delays),
@@ -167,7 +189,7 @@ class EditConsumerForm(ConsumerSettingsForm):
                 "max_per_second": consumer.max_per_second_text,
                 "event_types": ", ".join(consumer.event_types),
                 "changed_at": consumer.changed_at.isoformat(),
-            }
+            },
         )
 
 

@@ -203,7 +203,7 @@ def consumer_edit(request: HttpRequest, channel_id: str, consumer_id: str) -> Ht
             "consumer": consumer,
         }
         return render(request, "ui/consumer_form.html", context)
-    form = _as_allowed(request, EditConsumerForm(request.POST))
+    form = _as_allowed(request, EditConsumerForm(request.POST, consumer=consumer))
     context = {"form": form, "consumer": consumer}
     if not form.is_valid():
         return render(request, "ui/consumer_form.html", context, status=400)

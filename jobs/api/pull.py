@@ -9,20 +9,21 @@ the pause lands completes, as a push delivery in flight does.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.parsers import FormParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
+from broker.api.parsers import JsonBodyParser
 from broker.api.serializers import ErrorSerializer
 from broker.parsing import parse_int
+from broker.storable_text import read_json
 from consumers.models import Consumer
 from jobs.api import long_poll
 from jobs.api.access import authorized_consumer, consumer_job
@@ -118,7 +119,7 @@ class ClaimForm(serializers.Serializer[Any]):
 
 
 class ClaimView(TokenView):
-    parser_classes = [FormParser, JSONParser]
+    parser_classes = [FormParser, JsonBodyParser]
 
     @extend_schema(
         parameters=TOKEN_HEADERS,
@@ -242,9 +243,9 @@ def _transition_request(request: Request) -> tuple[str, int]:
 
 
 def json_object(body: bytes) -> dict[str, Any]:
-    """A request's body: a JSON object, else 400."""
+    """A request's body: a JSON object, else 400 (naming a field whose text cannot be stored)."""
     try:
-        document = json.loads(body)
+        document = read_json(body)
     except (ValueError, UnicodeDecodeError):
         raise ApiError(status.HTTP_400_BAD_REQUEST, "The body must be JSON.") from None
     if not isinstance(document, dict):

@@ -1,5 +1,5 @@
-"""Hypothesis strategies for what hostile or broken receivers answer
-(tests/reliability/test_hostile_*.py).
+"""Hypothesis strategies for what hostile or broken receivers answer, and for the text hostile
+clients send (tests/reliability/test_hostile_*.py).
 
 Each strategy makes bytes as they go on the wire: status lines that are HTTP and that are not,
 headers a receiver may send (Retry-After in every date form and none, Set-Cookie,
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime
+from urllib.parse import quote
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -133,3 +135,25 @@ scripts = st.builds(
 
 def _head(lines: list[bytes]) -> bytes:
     return b"".join(line + b"\r\n" for line in lines) + b"\r\n"
+
+
+# Text the database cannot store: ordinary text around one lone surrogate or one NUL. (st.text
+# never makes a surrogate itself, so the one put in stays lone.)
+UNSTORABLE_CHARACTERS = ["\ud800", "\udbff", "\udc00", "\udfff", "\x00"]
+unstorable_text = st.builds(
+    lambda before, bad, after: before + bad + after,
+    st.text(max_size=8),
+    st.sampled_from(UNSTORABLE_CHARACTERS),
+    st.text(max_size=8),
+)
+
+
+def form_encoded(fields: Mapping[str, str | list[str]], charset: str) -> str:
+    """`fields` form-encoded as a client writing `charset` would; "utf-8" writes a surrogate as
+    the bytes "surrogatepass" gives it, which are no UTF-8 (a client that does not check)."""
+    encoding, errors = ("utf-8", "surrogatepass") if charset == "utf-8" else (charset, "strict")
+    return "&".join(
+        f"{name}={quote(value.encode(encoding, errors), safe='')}"
+        for name, values in fields.items()
+        for value in ([values] if isinstance(values, str) else values)
+    )

@@ -283,23 +283,6 @@ INVALID_UTF8 = [
         statuses=(400, 404),
     ),
     Bad(
-        "JSON declared UTF-16",
-        "POST",
-        f"{WORKER}/claim",
-        b'{"limit": 1}',
-        "application/json; charset=utf-16",
-        PULL_HEADERS,
-    ),
-    Bad(
-        "JSON in rot13",
-        "POST",
-        f"{WORKER}/claim",
-        b'{"limit": 1}',
-        "application/json; charset=rot13",
-        PULL_HEADERS,
-        statuses=(400, 415),
-    ),
-    Bad(
         "form in base64 codec",
         "PUT",
         "/channel/orders/consumer/newbie",
@@ -316,21 +299,38 @@ INVALID_UTF8 = [
         f"{FORM}; charset=no-such-codec",
         ADMIN,
     ),
-    Bad(
-        "form in zlib codec",
-        "PUT",
-        "/producer/newbie",
-        b"name=x",
-        f"{FORM}; charset=zlib",
-        ADMIN,
-        statuses=(400, 415),
-    ),
 ]
 
 
 @pytest.mark.parametrize("case", INVALID_UTF8, ids=str)
 def test_invalid_utf8_and_odd_charsets(client, case):
     assert_refused_and_unchanged(client, case)
+
+
+@pytest.mark.parametrize("charset", ["utf-16", "rot13", "zlib", "base64", "unicode_escape"])
+def test_a_declared_charset_does_not_change_how_a_body_is_read(client, charset):
+    """JSON has no charset parameter (RFC 8259) and forms are UTF-8 (WHATWG): the bodies are read
+    as the bytes they are (broker/utf8_requests.py; issue 36, where `charset=unicode_escape` made
+    a lone surrogate of `\\ud800`). They were refused before, by DRF's decoding."""
+    # generic(): the test client's put() and post() would encode the bytes in the charset.
+    form = client.generic(
+        "PUT",
+        "/producer/newbie",
+        b"name=caf%C3%A9+%5Cud800",
+        content_type=f"{FORM}; charset={charset}",
+        headers=ADMIN,
+    )
+    claim = client.generic(
+        "POST",
+        f"{WORKER}/claim",
+        b'{"limit": 0}',
+        content_type=f"application/json; charset={charset}",
+        headers=PULL_HEADERS,
+    )
+
+    assert form.status_code == 200, form.content
+    assert Producer.objects.get(pk="newbie").name == "caf\u00e9 \\ud800"
+    assert (claim.status_code, claim.json()) == (200, {"Result": []})
 
 
 def test_a_form_body_that_is_not_utf8_is_read_as_latin1_not_a_500(client):

@@ -1,35 +1,41 @@
 """Disk full for offloaded payloads (issue 9): a broadcast whose payload cannot be stored is
 refused with a clear error and leaves nothing behind; small payloads (kept in the row) still work.
+A batch that fills the disk part way (issue 36) removes the files it wrote, so the room is still
+there for the next one.
 
-The payload directory is a real 256 KiB tmpfs, mounted by the test (it needs root, as the CI and
-this machine have; elsewhere the test is skipped).
+The payload directory is a real tmpfs, mounted by the test (it needs root, as the CI and this
+machine have; elsewhere the test is skipped).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from broker.models import Message
 from tests.faults import report
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import BROADCAST_HEADERS, make_channel, make_consumer, make_producer
 
 pytestmark = pytest.mark.django_db
 
 OFFLOAD_BYTES = 1024
+PAGE = 4096  # tmpfs counts whole pages
 
 
-@pytest.fixture
-def full_payload_dir() -> Iterator[Path]:
-    """A tmpfs of 256 KiB, already filled up to its last byte."""
+@contextmanager
+def tmpfs(size_kib: int, free_kib: int) -> Iterator[Path]:
+    """A tmpfs of `size_kib`, filled by a file of its own until `free_kib` are left (0: full)."""
     mount_point = Path(tempfile.mkdtemp(prefix="broker-full-disk-"))
     mounted = subprocess.run(
-        ["/usr/bin/mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)],
+        ["/usr/bin/mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount_point)],
         capture_output=True,
     )
     if mounted.returncode != 0:
@@ -38,8 +44,8 @@ def full_payload_dir() -> Iterator[Path]:
     try:
         with open(mount_point / "filler", "wb", buffering=0) as filler:
             try:
-                while filler.write(b"\0" * 4096):
-                    pass
+                for _ in range((size_kib - free_kib) * 1024 // PAGE):
+                    filler.write(b"\0" * PAGE)
             except OSError:
                 pass  # ENOSPC: full
         yield mount_point
@@ -49,15 +55,26 @@ def full_payload_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def broadcast(client, settings, full_payload_dir):
+def full_payload_dir() -> Iterator[Path]:
+    """A tmpfs of 256 KiB, already filled up to its last byte."""
+    with tmpfs(256, 0) as mount_point:
+        yield mount_point
+
+
+def use_payload_dir(settings, location: Path) -> None:
     settings.BROKER_PAYLOAD_OFFLOAD_BYTES = OFFLOAD_BYTES
     settings.STORAGES = {
         **settings.STORAGES,
         "broker_payloads": {
             "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(full_payload_dir)},
+            "OPTIONS": {"location": str(location)},
         },
     }
+
+
+@pytest.fixture
+def broadcast(client, settings, full_payload_dir):
+    use_payload_dir(settings, full_payload_dir)
     make_producer(token="producer-token")
     make_consumer(make_channel(token="channel-token"))
 
@@ -94,3 +111,50 @@ def test_a_payload_that_cannot_be_stored_is_refused_and_leaves_nothing(broadcast
         small_broadcast=small.status_code,
         messages_stored=Message.objects.count(),
     )
+
+
+# --- a batch that fills the disk part way (issue 36) -------------------------------------------
+
+PAYLOAD_BYTES = 300 * 1024
+
+
+def batch_of(count: int, tag: str) -> str:
+    payload = base64.b64encode(os.urandom(PAYLOAD_BYTES)).decode()
+    messages = [{"id": f"{tag}-{n}", "payload_base64": payload} for n in range(count)]
+    return json.dumps({"messages": messages})
+
+
+def test_a_batch_refused_for_storage_removes_the_files_it_wrote(client, settings):
+    """The report: 5 payloads of 300 KB with room for 3 answered 507 and left the 3 files (900
+    KB) behind, so every later large payload, anyone's, got 507 until the daily purge."""
+    make_producer(token="producer-token")
+    make_consumer(make_channel(token="channel-token"))
+    with tmpfs(size_kib=1024, free_kib=3 * 300 + 40) as payload_dir:
+        use_payload_dir(settings, payload_dir)
+        files_before = sorted(os.listdir(payload_dir))
+
+        refused = client.post(
+            "/channel/orders/broadcast-batch",
+            batch_of(5, "big"),
+            content_type="application/json",
+            headers=BROADCAST_HEADERS,
+        )
+
+        assert refused.status_code == 507, refused.content
+        assert "storage" in refused.json()["Error"]
+        assert sorted(os.listdir(payload_dir)) == files_before  # the 3 written are gone too
+        assert not Message.objects.exists()
+        fits = client.post(
+            "/channel/orders/broadcast-batch",
+            batch_of(3, "fits"),
+            content_type="application/json",
+            headers=BROADCAST_HEADERS,
+        )
+        assert fits.status_code == 201, fits.content
+        assert len(os.listdir(payload_dir)) == len(files_before) + 3
+        report(
+            "a batch filling the payload disk part way",
+            batch_of_5=refused.status_code,
+            files_left=len(os.listdir(payload_dir)) - len(files_before) - 3,
+            batch_of_3_after=fits.status_code,
+        )

@@ -114,7 +114,7 @@ def test_the_consumer_form_refuses_a_private_callback_address(superuser_client, 
         "channel": consumer.channel_id,
         "public_id": consumer.public_id,
         "name": consumer.name,
-        "callback_url": "http://169.254.169.254/latest/meta-data/",
+        "new_callback_url": "http://169.254.169.254/latest/meta-data/",
         "type": consumer.type,
         "ordering": consumer.ordering,
         "non_retryable_statuses": "[]",
@@ -125,4 +125,4 @@ def test_the_consumer_form_refuses_a_private_callback_address(superuser_client, 
     assert response.status_code == 200  # the form again, with the error
     assert "errorlist" in response.content.decode()
     consumer.refresh_from_db()
-    assert consumer.callback_url != form["callback_url"]
+    assert consumer.callback_url != form["new_callback_url"]
