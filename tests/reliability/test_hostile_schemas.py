@@ -144,7 +144,8 @@ def test_a_pattern_the_linear_time_engine_cannot_run_is_refused_naming_it(
     response = put_schema(admin_client, schema)
 
     assert response.status_code == 400
-    assert response.json()["Error"].startswith(f"schema: {place}: ")
+    # A lone surrogate is refused by the reading of the JSON itself (broker/storable_text.py).
+    assert response.json()["Error"].startswith(f"schema: {place}")
     assert not EventType.objects.exists()
 
 
