@@ -45,7 +45,8 @@ from tests.helpers import (
 )
 from tests.reliability.hostile import PROPERTY, form_encoded, unstorable_text
 
-pytestmark = pytest.mark.django_db
+# PostgreSQL: "changed nothing" is a digest of every table, taken in SQL (tests/db_snapshot.py).
+pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
 
 WORKER = "/channel/orders/consumer/worker"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
