@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from dispatch_harness import (
     HOST,
-    LISTENER_NAME,
+    LISTENER_PREFIX,
     PAYLOAD,
     ROOT,
     Bench,
@@ -226,11 +226,11 @@ def wait_dispatchers_ready(bench: Bench, count: int) -> None:
     query = (
         "SELECT least((SELECT count(*) FROM jobs_dispatcherheartbeat), (SELECT count(*)"
         " FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name = %(name)s))"
+        " AND starts_with(application_name, %(prefix)s)))"
     )
 
     def ready() -> int:
-        return int(bench.scalar(query, {"name": LISTENER_NAME}))
+        return int(bench.scalar(query, {"prefix": LISTENER_PREFIX}))
 
     _, timed_out = wait_for(ready, count, 60, lambda: True)
     if timed_out:
