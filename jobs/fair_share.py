@@ -29,9 +29,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from jobs.delivery import AttemptResult
+from broker.payloads import PAYLOAD_MISSING
+from jobs.delivery import REQUEST_ERROR, STORAGE_ERROR, AttemptResult
 from jobs.queue import ClaimedJob, ClaimRooms
 from jobs.retry import is_unavailable
+
+# Failed attempts that say nothing of the consumer (as for its circuit breaker): cut off at the
+# dispatcher's shutdown, no request made, the payload storage failing or the payload gone.
+NOT_THE_CONSUMERS_DOING = frozenset({"shutdown", REQUEST_ERROR, STORAGE_ERROR, PAYLOAD_MISSING})
 
 
 @dataclass
@@ -43,7 +48,7 @@ class FairShare:
     # consumer -> job ID -> when its request went on the wire (monotonic; None: not yet)
     _in_flight: dict[int, dict[int, float | None]] = field(default_factory=dict)
     _consumer_of: dict[int, int] = field(default_factory=dict)  # job ID -> consumer ID
-    _limits: dict[int, float] = field(default_factory=dict)  # consumers that answered here
+    _limits: dict[int, float] = field(default_factory=dict)  # of consumers that answered here
     _slow_answers: set[int] = field(default_factory=set)  # whose last answer was slow
 
     @property
@@ -65,8 +70,8 @@ class FairShare:
         """Attempts whose outcome is recorded: their slots are free, their answers counted."""
         for result in results:
             self._forget(result.job_id)
-            if result.error_class in ("shutdown", "request-error", "storage-error"):
-                continue  # not the consumer's doing: says nothing of it
+            if result.error_class in NOT_THE_CONSUMERS_DOING:
+                continue  # says nothing of it
             limit = self._limits.get(result.consumer_id, float(self.new_room))
             if result.status_code is not None and not is_unavailable(result):
                 limit += 1
