@@ -379,11 +379,11 @@ def stop_process(process: subprocess.Popen[bytes], name: str, timeout: float = 3
 class Receivers:
     """`count` webhook_sink processes sharing one delivery port; their counts merged."""
 
-    def __init__(self, count: int, delay_ms: float, logs: Path) -> None:
+    def __init__(self, count: int, delay_ms: float, logs: Path, status: int = 200) -> None:
         self.port = free_port()
         self.control_ports = [free_port() for _ in range(count)]
         command = [sys.executable, str(BENCH / "webhook_sink.py"), "--port", str(self.port)]
-        command += ["--delay-ms", str(delay_ms), "--control-port"]
+        command += ["--delay-ms", str(delay_ms), "--status", str(status), "--control-port"]
         self.processes = [
             start_process([*command, str(control)], logs / f"receiver-{control}.log")
             for control in self.control_ports

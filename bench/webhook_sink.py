@@ -1,16 +1,18 @@
 """The fast webhook receiver of bench/dispatch.py, run as a process of its own.
 
-It answers every POST on its delivery port with 200 (after `--delay-ms`, if given) and counts the
-requests per job: the `X-Broker-Message-ID` and `X-Broker-Consumer-ID` headers name one job, so a
-count above one is a duplicate delivery. It records `time.time()` at each job's first arrival for
-the latency figures. The counts are served as JSON on a separate control port, so that several
-receiver processes can share the delivery port (SO_REUSEPORT) and still be asked one by one:
+It answers every POST on its delivery port with 200 (or `--status`; after `--delay-ms`, if given)
+and counts the requests per job: the `X-Broker-Message-ID` and `X-Broker-Consumer-ID` headers name
+one job, so a count above one is a duplicate delivery. It records `time.time()` at each job's first
+arrival for the latency figures. The counts are served as JSON on a separate control port, so that
+several receiver processes can share the delivery port (SO_REUSEPORT) and still be asked one by
+one:
 
     GET  /summary   {"requests": n, "jobs": distinct jobs}
     GET  /stats     {"requests": n, "jobs": {"<message ID> <consumer ID>": [count, first arrival]}}
     POST /reset     forget everything
 
     .venv/bin/python bench/webhook_sink.py --port 8001 --control-port 8002 [--delay-ms 200]
+        [--status 503]
 
 It listens on 127.0.0.1 only and runs until SIGTERM or SIGINT.
 """
@@ -28,8 +30,9 @@ HOST = "127.0.0.1"
 
 
 class Sink:
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, status: int = 200) -> None:
         self.delay = delay
+        self.status = status
         self.requests = 0
         self.jobs: dict[str, list[float]] = {}  # job -> [count, first arrival]
 
@@ -46,7 +49,7 @@ class Sink:
             seen[0] += 1
         if self.delay:
             await asyncio.sleep(self.delay)
-        return web.Response(text="ok")
+        return web.Response(text="ok", status=self.status)
 
     async def summary(self, request: web.Request) -> web.Response:
         return web.json_response({"requests": self.requests, "jobs": len(self.jobs)})
@@ -59,8 +62,8 @@ class Sink:
         return web.json_response({"requests": 0, "jobs": 0})
 
 
-async def serve(port: int, control_port: int, delay: float) -> None:
-    sink = Sink(delay)
+async def serve(port: int, control_port: int, delay: float, status: int) -> None:
+    sink = Sink(delay, status)
     # The low-level server: no router or middleware between the socket and the handler.
     delivery = web.ServerRunner(web.Server(sink.deliver), access_log=None)
     control_app = web.Application()
@@ -86,8 +89,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True, help="delivery port (shareable)")
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--delay-ms", type=float, default=0.0, help="wait before answering")
+    # bench/isolation.py's consumers that fail after a while (503: unavailable, as the circuit
+    # breaker counts it), so that their outcomes are recorded when it chooses.
+    parser.add_argument("--status", type=int, default=200, help="the status of every answer")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.control_port, args.delay_ms / 1000))
+    asyncio.run(serve(args.port, args.control_port, args.delay_ms / 1000, args.status))
 
 
 if __name__ == "__main__":
