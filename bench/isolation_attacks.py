@@ -40,7 +40,7 @@ from isolation_stage import (
 )
 
 NEVER_MS = 10_000_000.0  # a receiver's delay that outlasts any row: it never answers
-FREEZE_SECONDS = 30.0  # to catch a dispatcher while it records failures
+FREEZE_SECONDS = 45.0  # to catch a dispatcher while it records failures
 PROBE_SECONDS = 10.0  # how long a broadcast to the attacked channel is waited for
 
 
@@ -141,10 +141,9 @@ def blocks_publishers(bench: Bench, consumer: int) -> bool:
     return False
 
 
-def await_waiters(row: Row, backend: int, timeout: float = 5) -> None:
-    """Until another session waits for a lock `backend` holds (the attack has bitten: what is
-    timed next runs against it), or `timeout` passes (a tree where nothing waits for it); noted
-    with who waits: a dispatcher, found by its connection's port, or the session's name."""
+def waiting_for(row: Row, backend: int, timeout: float) -> list[str]:
+    """Who waits for a lock `backend` holds, once someone does or `timeout` has passed: a
+    dispatcher, found by its connection's port, or the session's name."""
     query = (
         "SELECT client_port, application_name FROM pg_stat_activity"
         " WHERE %(backend)s = ANY(pg_blocking_pids(pid))"
@@ -153,15 +152,22 @@ def await_waiters(row: Row, backend: int, timeout: float = 5) -> None:
     def waiters() -> list[tuple[int, str]]:
         return [(int(p or 0), str(n)) for p, n in row.bench.db.execute(query, {"backend": backend})]
 
-    _, timed_out = wait_for(lambda: len(waiters()), 1, timeout, lambda: True)
-    if timed_out:
-        row.note(f"no session waits for its lock after {timeout:g} s")
-        return
+    wait_for(lambda: len(waiters()), 1, timeout, lambda: True)
     names = []
     for port, name in waiters():
         owner = owner_of(port, row.alive())
         names.append(f"dispatcher {owner.pid}" if owner else name or "a session")
-    row.note("waiting for its lock: " + ", ".join(sorted(names)))
+    return sorted(names)
+
+
+def await_waiters(row: Row, backend: int, timeout: float = 5) -> None:
+    """Until another session waits for a lock `backend` holds (the attack has bitten: what is
+    timed next runs against it), or `timeout` passes (a tree where nothing waits for it); noted."""
+    names = waiting_for(row, backend, timeout)
+    if names:
+        row.note("waiting for its lock: " + ", ".join(names))
+    else:
+        row.note(f"no session waits for its lock after {timeout:g} s")
 
 
 def owner_of(port: int, processes: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes] | None:
@@ -185,9 +191,10 @@ def owner_of(port: int, processes: list[subprocess.Popen[bytes]]) -> subprocess.
 
 def catch_recording(row: Row, ids: list[int], strict: bool, until: float) -> tuple[str, int] | None:
     """SIGSTOP a dispatcher while its transaction holds a lock on one of these consumer rows
-    (strict: FOR UPDATE, the lock that makes publishes wait). Kept frozen, with SIGCONT when the
-    attack ends, only if the lock is still held once it is stopped: what was caught and the
-    backend holding the lock, or None."""
+    (strict: FOR UPDATE, the lock that makes publishes wait, and another dispatcher comes to
+    wait for it within 3 s: the frozen one may have caught the last recording of that
+    consumer). Kept frozen, with SIGCONT when the attack ends, only if the lock is still held
+    once it is stopped: what was caught and the backend holding the lock, or None."""
     while time.monotonic() < until:
         for backend, port, consumer in lock_holders(row.bench, ids):
             process = owner_of(port, row.alive())
@@ -200,7 +207,8 @@ def catch_recording(row: Row, ids: list[int], strict: bool, until: float) -> tup
             time.sleep(0.3)  # a statement already sent finishes; the transaction cannot
             held = any(pid == backend for pid, _, _ in lock_holders(row.bench, [consumer]))
             update = held and blocks_publishers(row.bench, consumer)
-            if update or (held and not strict):
+            bites = update and bool(waiting_for(row, backend, 3))
+            if bites or (held and not strict):
                 lock = "FOR UPDATE" if update else "a lock weaker than FOR UPDATE"
                 caught = f"dispatcher {process.pid} frozen holding {lock} on consumer {consumer}"
                 return caught, backend
@@ -212,9 +220,9 @@ def catch_recording(row: Row, ids: list[int], strict: bool, until: float) -> tup
 def sigstop(row: Row, count: int) -> None:
     """Consumers of channel `failing` whose receiver answers 503 after a second, a fresh few
     at a time (each opens its circuit after its first failures), until a dispatcher is caught
-    recording their failures; the last third of the time any lock will do, then any moment.
-    Both dispatchers hold some of each consumer's jobs, so the other one has failures of the
-    same consumer to record while the frozen one holds its row."""
+    recording their failures while the other one has failures of the same consumer left to
+    record (both hold some of each consumer's jobs); the last third of the time any lock will
+    do, then any moment (a tree whose recording takes no such lock)."""
     row.start_dispatchers(count)
     sink = row.attacker_sink(1_000, status=503)
     make_tenant("failing", [])
