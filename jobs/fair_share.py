@@ -67,11 +67,12 @@ class FairShare:
             jobs[job_id] = time.monotonic()
 
     def finished(self, results: Iterable[AttemptResult]) -> None:
-        """Attempts whose outcome is recorded: their slots are free, their answers counted."""
+        """Attempts whose outcome is being recorded: their slots are free, their answers counted,
+        once each (a result recorded again, after a failed batch or a database outage, is no
+        longer in flight here and counts no more)."""
         for result in results:
-            self._forget(result.job_id)
-            if result.error_class in NOT_THE_CONSUMERS_DOING:
-                continue  # says nothing of it
+            if not self._forget(result.job_id) or result.error_class in NOT_THE_CONSUMERS_DOING:
+                continue
             limit = self._limits.get(result.consumer_id, float(self.new_room))
             if result.status_code is not None and not is_unavailable(result):
                 limit += 1
@@ -111,11 +112,13 @@ class FairShare:
         started = self._in_flight.get(consumer_id, {}).values()
         return any(at is not None and now - at > self.slow_seconds for at in started)
 
-    def _forget(self, job_id: int) -> None:
+    def _forget(self, job_id: int) -> bool:
+        """The job is no longer in flight here; False if it was not."""
         consumer_id = self._consumer_of.pop(job_id, None)
         if consumer_id is None:
-            return
+            return False
         jobs = self._in_flight.get(consumer_id, {})
         jobs.pop(job_id, None)
         if not jobs:
             self._in_flight.pop(consumer_id, None)
+        return True

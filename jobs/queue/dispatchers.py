@@ -1,7 +1,7 @@
 """Dispatchers known to be dead, and the jobs they held (docs/dispatcher.md, "Failures").
 
 A dispatcher beats every second (jobs/maintenance.py) and keeps a direct connection to
-PostgreSQL, its LISTEN connection, named after it (`session_name`). One is known dead when
+PostgreSQL, its LISTEN connection, named after it (NAME_SESSION_SQL). One is known dead when
 - its connection is gone and it has not beaten for SILENT_SECONDS: a process that ends, however
   it ends, loses its connection at once (the kernel closes the socket, PostgreSQL ends the
   session). The silence guards against a database restart, which drops every connection of
@@ -19,7 +19,6 @@ On PostgreSQL only: elsewhere there is neither LISTEN nor pg_stat_activity, and 
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -32,16 +31,29 @@ FROZEN_SECONDS = 15.0
 SESSION_PREFIX = "webhook-broker dispatcher "
 
 _JOB = Job._meta.db_table
-# Both clauses of the module's rule; the session name as `session_name` makes it, in SQL. The
-# jobs are locked before their leases are cut (a frozen dispatcher's own transaction may hold
-# some: they are left to their leases); no statement of the broker waits for another's lock.
+
+
+def _session_name(dispatcher_id: str) -> str:
+    """SQL: the application_name of the dispatcher whose ID is the SQL expression
+    `dispatcher_id`, within PostgreSQL's 63 characters whatever the ID. The one rule, for the
+    session that takes the name and for the query that looks for it."""
+    return f"'{SESSION_PREFIX}' || left(md5({dispatcher_id}), 16)"
+
+
+# A dispatcher's LISTEN connection takes its name (jobs/queue/wakeup.py).
+NAME_SESSION_SQL = (
+    f"SELECT set_config('application_name', {_session_name('%(dispatcher)s')}, false)"
+)
+# Both clauses of the module's rule. The jobs are locked before their leases are cut (a frozen
+# dispatcher's own transaction may hold some: they are left to their leases); no statement of
+# the broker waits for another's lock.
 RECLAIM_SQL = f"""
 WITH dead AS (
     DELETE FROM {DispatcherHeartbeat._meta.db_table} beat
     WHERE beat.dispatcher_id <> %(me)s AND beat.last_beat_at < %(silent_since)s
         AND (beat.last_beat_at < %(frozen_since)s OR NOT EXISTS (
             SELECT FROM pg_stat_activity session
-            WHERE session.application_name = '{SESSION_PREFIX}' || left(md5(beat.dispatcher_id), 16)
+            WHERE session.application_name = {_session_name("beat.dispatcher_id")}
         ))
     RETURNING beat.dispatcher_id
 ), held AS (
@@ -53,12 +65,6 @@ UPDATE {_JOB} j SET lease_expires_at = %(now)s
 FROM held WHERE j.id = held.id AND j.partition_at = held.partition_at
     AND j.lease_expires_at > %(now)s
 """  # noqa: S608
-
-
-def session_name(dispatcher_id: str) -> str:
-    """The application_name of a dispatcher's LISTEN connection, by which others see it alive
-    (within PostgreSQL's 63 characters, whatever the ID)."""
-    return SESSION_PREFIX + hashlib.md5(dispatcher_id.encode()).hexdigest()[:16]  # noqa: S324
 
 
 def reclaim_from_dead_dispatchers(me: str, now: datetime) -> int:

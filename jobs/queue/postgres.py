@@ -22,7 +22,7 @@ from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import Job
-from jobs.queue.dispatchers import reclaim_from_dead_dispatchers, session_name
+from jobs.queue.dispatchers import reclaim_from_dead_dispatchers
 from jobs.queue.postgres_batch import batch_parameters, insert_batch_sql, inserted_batch
 from jobs.queue.postgres_pull import PostgresPullStatements
 from jobs.queue.postgres_push import (
@@ -165,7 +165,7 @@ class PostgresQueue(PostgresPullStatements):
     concurrent_writers = True
 
     async def listen(self, wake: Callable[[], None], dispatcher_id: str) -> None:
-        await listen_for_jobs(wake, session_name(dispatcher_id))
+        await listen_for_jobs(wake, dispatcher_id)
 
     def reclaim_from_dead_dispatchers(self, dispatcher_id: str, now: datetime) -> int:
         return reclaim_from_dead_dispatchers(dispatcher_id, now)

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 from django.db import connection
 
+from jobs.queue.dispatchers import NAME_SESSION_SQL
 from jobs.queue.rules import WAKEUP_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ LIBPQ_OPTIONS = {"connect_timeout", "sslmode", "sslrootcert", "sslcert", "sslkey
 RECONNECT_SECONDS = 2.0
 
 
-def _connection_kwargs(application_name: str) -> dict[str, Any]:
+def _connection_kwargs() -> dict[str, Any]:
     settings = connection.settings_dict
     options = {k: v for k, v in settings.get("OPTIONS", {}).items() if k in LIBPQ_OPTIONS}
     return {
@@ -33,19 +34,18 @@ def _connection_kwargs(application_name: str) -> dict[str, Any]:
         "host": settings["HOST"] or None,
         "port": settings["PORT"] or None,
         "autocommit": True,
-        "application_name": application_name,
+        "application_name": "webhook-broker dispatcher",  # until it says whose
         **options,
     }
 
 
-async def listen_for_jobs(wake: Callable[[], None], application_name: str) -> None:
-    """Call `wake` on every notification, forever (cancel the task to stop); the connection's
-    application_name says whose it is (jobs/queue/dispatchers.py)."""
+async def listen_for_jobs(wake: Callable[[], None], dispatcher_id: str) -> None:
+    """Call `wake` on every notification, forever (cancel the task to stop); the connection is
+    named after the dispatcher, so others see it alive (jobs/queue/dispatchers.py)."""
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(
-                **_connection_kwargs(application_name)
-            ) as listener:
+            async with await psycopg.AsyncConnection.connect(**_connection_kwargs()) as listener:
+                await listener.execute(NAME_SESSION_SQL, {"dispatcher": dispatcher_id})
                 await listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 wake()  # jobs may have arrived while we were not listening
                 async for _ in listener.notifies():

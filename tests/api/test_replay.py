@@ -359,7 +359,7 @@ def test_a_replay_wakes_idle_dispatchers_and_a_refused_one_does_not(
     admin_client, channel, receiver
 ):
     delivered_to(channel, receiver, "billing")
-    with psycopg.connect(**_connection_kwargs("test listener")) as listener:
+    with psycopg.connect(**_connection_kwargs()) as listener:
         listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
 
         assert post(admin_client).status_code == 202

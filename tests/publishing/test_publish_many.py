@@ -258,7 +258,7 @@ def test_a_batch_wakes_the_dispatchers_once_and_a_scheduled_one_not_at_all():
     channel = make_channel()
     make_producer()
     make_consumer(channel)
-    with psycopg.connect(**_connection_kwargs("test listener")) as listener:
+    with psycopg.connect(**_connection_kwargs()) as listener:
         listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
 
         publish_many(channel, [BatchMessage(str(n)) for n in range(50)], producer="shop")
