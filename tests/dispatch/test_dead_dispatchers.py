@@ -48,10 +48,9 @@ def slow_consumer_at_its_cap(receiver, delay: float):
     return consumer
 
 
-def test_a_killed_dispatchers_jobs_go_to_another_within_seconds(receiver):
-    """Before, the consumer got nothing for a whole lease (32 s): the dead dispatcher's INFLIGHT
-    jobs kept filling its maxInFlight."""
-    slow_consumer_at_its_cap(receiver, delay=20)
+def delivery_resumed_after(receiver, stop_signal: signal.Signals, seconds: float) -> float:
+    """With a second dispatcher beside the one that holds the consumer's 4 slots, send the
+    holder `stop_signal`: how long until the consumer's next request. Its jobs have left it."""
     first = start_dispatcher()
     second = None
     try:
@@ -62,35 +61,29 @@ def test_a_killed_dispatchers_jobs_go_to_another_within_seconds(receiver):
         holder(second)  # beating, and listening
         time.sleep(1)
         assert len(receiver.received) == 4  # the cap: nothing for the second one
-        first.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
-        wait_until(lambda: len(receiver.received) > 4, 30)
-        resumed = time.monotonic() - killed_at
+        first.send_signal(stop_signal)
+        stopped_at = time.monotonic()
+        wait_until(lambda: len(receiver.received) > 4, seconds)
+        resumed = time.monotonic() - stopped_at
+        assert not held.exists()  # all four with the second dispatcher, or queued
     finally:
+        first.send_signal(signal.SIGCONT)  # a frozen one, so that it can be killed
         kill_if_running(first, *([second] if second else []))
-    print(f"delivery resumed {resumed:.1f} s after kill -9")
+    print(f"delivery resumed {resumed:.1f} s after {stop_signal.name}")
+    return resumed
+
+
+def test_a_killed_dispatchers_jobs_go_to_another_within_seconds(receiver):
+    """Before, the consumer got nothing for a whole lease (32 s): the dead dispatcher's INFLIGHT
+    jobs kept filling its maxInFlight."""
+    slow_consumer_at_its_cap(receiver, delay=20)
+    resumed = delivery_resumed_after(receiver, signal.SIGKILL, 30)
     assert resumed < 6, f"the consumer got nothing for {resumed:.1f} s"
-    assert not held.exists()  # all four with the second dispatcher, or queued
 
 
 def test_a_frozen_dispatchers_jobs_go_to_another_before_their_leases_end(receiver):
     """SIGSTOP: its connection stays, its heartbeat stops. Its jobs go to the other dispatcher
     once it has been silent for FROZEN_SECONDS (15 s), not at the end of their lease (32 s)."""
     slow_consumer_at_its_cap(receiver, delay=60)
-    first = start_dispatcher()
-    second = None
-    try:
-        wait_until(lambda: len(receiver.received) == 4, 30)
-        held = Job.objects.filter(status=INFLIGHT, claimed_by=holder(first))
-        second = start_dispatcher()
-        holder(second)
-        first.send_signal(signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        wait_until(lambda: len(receiver.received) > 4, 40)
-        resumed = time.monotonic() - frozen_at
-        assert not held.exists()
-    finally:
-        first.send_signal(signal.SIGCONT)
-        kill_if_running(first, *([second] if second else []))
-    print(f"delivery resumed {resumed:.1f} s after SIGSTOP")
+    resumed = delivery_resumed_after(receiver, signal.SIGSTOP, 40)
     assert resumed < 25, f"the consumer got nothing for {resumed:.1f} s"
