@@ -118,10 +118,16 @@ def test_a_payload_that_cannot_be_stored_is_refused_and_leaves_nothing(broadcast
 PAYLOAD_BYTES = 300 * 1024
 
 
-def batch_of(count: int, tag: str) -> str:
+def post_batch(client, count: int, tag: str):
+    """A broadcast-batch of `count` payloads of PAYLOAD_BYTES, each offloaded to a file."""
     payload = base64.b64encode(os.urandom(PAYLOAD_BYTES)).decode()
     messages = [{"id": f"{tag}-{n}", "payload_base64": payload} for n in range(count)]
-    return json.dumps({"messages": messages})
+    return client.post(
+        "/channel/orders/broadcast-batch",
+        json.dumps({"messages": messages}),
+        content_type="application/json",
+        headers=BROADCAST_HEADERS,
+    )
 
 
 def test_a_batch_refused_for_storage_removes_the_files_it_wrote(client, settings):
@@ -133,23 +139,13 @@ def test_a_batch_refused_for_storage_removes_the_files_it_wrote(client, settings
         use_payload_dir(settings, payload_dir)
         files_before = sorted(os.listdir(payload_dir))
 
-        refused = client.post(
-            "/channel/orders/broadcast-batch",
-            batch_of(5, "big"),
-            content_type="application/json",
-            headers=BROADCAST_HEADERS,
-        )
+        refused = post_batch(client, 5, "big")
 
         assert refused.status_code == 507, refused.content
         assert "storage" in refused.json()["Error"]
         assert sorted(os.listdir(payload_dir)) == files_before  # the 3 written are gone too
         assert not Message.objects.exists()
-        fits = client.post(
-            "/channel/orders/broadcast-batch",
-            batch_of(3, "fits"),
-            content_type="application/json",
-            headers=BROADCAST_HEADERS,
-        )
+        fits = post_batch(client, 3, "fits")
         assert fits.status_code == 201, fits.content
         assert len(os.listdir(payload_dir)) == len(files_before) + 3
         report(
