@@ -20,7 +20,7 @@ from django.utils import timezone
 from broker.models import Message
 from broker.payloads import PayloadMissing
 from consumers.models import Consumer
-from jobs.models import Job
+from jobs.models import Job, JobQuerySet
 from jobs.queue.rules import lease_expiry
 from jobs.states import DEAD, INFLIGHT, QUEUED, JobStatus
 
@@ -46,17 +46,20 @@ LEASE_EXPIRED = "lease expired before the outcome was reported"
 def sweep_expired_leases(now: datetime | None = None, batch: int = SWEEP_BATCH) -> int:
     """Return expired INFLIGHT jobs to QUEUED (or DEAD when out of attempts); how many moved."""
     now = now or timezone.now()
+    expired = Job.objects.filter(status=INFLIGHT, lease_expires_at__lt=now)
+    if not expired.exists():  # the usual case, on every pull claim too: one look, no transaction
+        return 0
     with transaction.atomic():
-        return _sweep(now, batch)
+        return _sweep(expired, now, batch)
 
 
-def _sweep(now: datetime, batch: int) -> int:
+def _sweep(expired_jobs: JobQuerySet, now: datetime, batch: int) -> int:
     # Jobs another transaction holds (a frozen dispatcher's recording, say) are skipped, not
     # waited for: the sweep runs in the dispatcher's claiming thread.
     expired = list(
-        Job.objects.filter(status=INFLIGHT, lease_expires_at__lt=now)
-        .select_for_update(skip_locked=True, of=("self",))
-        .values_list("pk", "consumer_id", "attempts")[:batch]
+        expired_jobs.select_for_update(skip_locked=True, of=("self",)).values_list(
+            "pk", "consumer_id", "attempts"
+        )[:batch]
     )
     if not expired:
         return 0
