@@ -44,21 +44,23 @@ def _session_name(dispatcher_id: str) -> str:
 NAME_SESSION_SQL = (
     f"SELECT set_config('application_name', {_session_name('%(dispatcher)s')}, false)"
 )
-# Both clauses of the module's rule. The jobs are locked before their leases are cut (a frozen
-# dispatcher's own transaction may hold some: they are left to their leases); no statement of
-# the broker waits for another's lock.
-RECLAIM_SQL = f"""
-WITH dead AS (
-    DELETE FROM {DispatcherHeartbeat._meta.db_table} beat
-    WHERE beat.dispatcher_id <> %(me)s AND beat.last_beat_at < %(silent_since)s
-        AND (beat.last_beat_at < %(frozen_since)s OR NOT EXISTS (
-            SELECT FROM pg_stat_activity session
-            WHERE session.application_name = {_session_name("beat.dispatcher_id")}
-        ))
-    RETURNING beat.dispatcher_id
-), held AS (
+# Both clauses of the module's rule: the dead dispatchers' heartbeats go, and say whose they were.
+BURY_DEAD_SQL = f"""
+DELETE FROM {DispatcherHeartbeat._meta.db_table} beat
+WHERE beat.dispatcher_id <> %(me)s AND beat.last_beat_at < %(silent_since)s
+    AND (beat.last_beat_at < %(frozen_since)s OR NOT EXISTS (
+        SELECT FROM pg_stat_activity session
+        WHERE session.application_name = {_session_name("beat.dispatcher_id")}
+    ))
+RETURNING beat.dispatcher_id
+"""  # noqa: S608
+# Their jobs' leases end now. The jobs are locked first (a frozen dispatcher's own transaction
+# may hold some: they are left to their leases); no statement of the broker waits for another's
+# lock.
+END_THEIR_LEASES_SQL = f"""
+WITH held AS (
     SELECT j.id, j.partition_at FROM {_JOB} j
-    WHERE j.status = '{INFLIGHT.value}' AND j.claimed_by IN (SELECT dispatcher_id FROM dead)
+    WHERE j.status = '{INFLIGHT.value}' AND j.claimed_by = ANY(%(dead)s)
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE {_JOB} j SET lease_expires_at = %(now)s
@@ -68,15 +70,19 @@ FROM held WHERE j.id = held.id AND j.partition_at = held.partition_at
 
 
 def reclaim_from_dead_dispatchers(me: str, now: datetime) -> int:
-    """End the leases of the jobs that dead dispatchers held (never `me`'s own); how many."""
+    """End the leases of the jobs that dead dispatchers held (never `me`'s own); how many. The
+    usual case, nobody dead, is one statement over the heartbeats and touches no job."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            RECLAIM_SQL,
+            BURY_DEAD_SQL,
             {
                 "me": me,
-                "now": now,
                 "silent_since": now - timedelta(seconds=SILENT_SECONDS),
                 "frozen_since": now - timedelta(seconds=FROZEN_SECONDS),
             },
         )
+        dead = [dispatcher_id for (dispatcher_id,) in cursor.fetchall()]
+        if not dead:
+            return 0
+        cursor.execute(END_THEIR_LEASES_SQL, {"dead": dead, "now": now})
         return int(cursor.rowcount)
