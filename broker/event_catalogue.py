@@ -20,7 +20,8 @@ from django.db import transaction
 
 from broker.event_types import InvalidEventType, checked_event_type
 from broker.models import Channel, EventType
-from broker.schema_budget import MAX_PAYLOAD_DEPTH, Budget, TooCostly
+from broker.schema_allowance import publish_budget
+from broker.schema_budget import MAX_PAYLOAD_DEPTH, TooCostly
 from broker.schema_checks import MAX_SCHEMA_DEPTH, SchemaRefused, checked
 from broker.schema_validation import BoundedSchema
 from broker.storable_text import UnstorableText, read_json
@@ -105,7 +106,7 @@ class Schemas:
 
     def __init__(self, channel_id: str) -> None:
         self.channel_id = channel_id
-        self.budget = Budget()
+        self.budget = publish_budget()
         self._entries: dict[str, tuple[int, str, dict[str, Any]] | None] = {}
 
     def check(self, event_type: str | None, body: bytes, content_type: str) -> None:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import connection
 
+from broker import payloads
 from broker.conf import broker_settings
 
 TABLE = "broker_broadcast_rate"  # created by migration 0005_broadcast_rate_buckets
@@ -91,6 +94,25 @@ def take_broadcasts(producer_id: str, count: int, now: float | None = None) -> N
     now = time.time() if now is None else now
     if not _take(producer_id, limit, now, count):
         raise RateLimited(producer_id, _retry_after(producer_id, limit, now, count))
+
+
+@contextmanager
+def given_back_if_not_stored(producer_id: str, count: int = 1) -> Iterator[None]:
+    """Around the storing of broadcasts already counted: when the broker fails to store them
+    (PayloadNotStored, a 507: the payload storage is full or broken), the producer gets their
+    allowance back, as it would have if they had never been sent. Refusals of the producer's own
+    making (a 400, a 409) stay counted: a flood of them is what the limit is for."""
+    try:
+        yield
+    except payloads.PayloadNotStored:
+        limit = configured_limit()
+        if limit is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {TABLE} SET tat = tat - %s WHERE producer_id = %s",  # noqa: S608
+                    [count * limit.interval, producer_id],
+                )
+        raise
 
 
 def _take(producer_id: str, limit: Limit, now: float, cells: int = 1) -> bool:

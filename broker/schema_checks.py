@@ -17,6 +17,8 @@ Checked in this order, the first problem refused with its place in the schema (a
     (validation crashes on anything else). Nothing is ever fetched (the registry's retrieval
     refuses), and the drafts' metaschemas are not in the registry either: a reference to one
     would run the stock validator again;
+  - no reference leads back to where it is through schemas applied to the same value
+    (`{"$ref": "#"}`, `{"anyOf": [{"$ref": "#"}]}`): checking would never end;
   - every `pattern` and `patternProperties` key compiles on RE2, the linear-time engine payloads
     are matched with: Python's `re` backtracks (`^(a+)+$` on 35 characters takes it minutes),
     RE2 refuses what needs backtracking (backreferences, lookaround).
@@ -148,6 +150,7 @@ def _check_walk(schema: dict[str, Any], dialect: type[Validator]) -> None:
     root = specification.create_resource(schema)
     stack = [(root, Registry(retrieve=never_fetch).resolver_with_root(root))]  # type: ignore[call-arg]
     seen: set[int] = set()
+    in_place: dict[int, list[tuple[str, Any]]] = {}  # node → where it applies a schema to its own
     while stack:
         resource, resolver = stack.pop()
         node = resource.contents
@@ -162,6 +165,7 @@ def _check_walk(schema: dict[str, Any], dialect: type[Validator]) -> None:
         if "$schema" in node and node is not schema:
             raise SchemaRefused(f"{path}: `$schema` is taken only at the top of the schema.")
         _check_patterns(node, path, dialect)
+        applied = in_place[id(node)] = list(_applied_in_place(node, path))
         for keyword in references:
             reference = node.get(keyword)
             if not isinstance(reference, str):
@@ -178,9 +182,59 @@ def _check_walk(schema: dict[str, Any], dialect: type[Validator]) -> None:
                     f"{_child(path, keyword)}: {_short(reference)} leads to something that is"
                     " not a schema."
                 )
+            applied.append((f"{_child(path, keyword)}: {_short(reference)}", resolved.contents))
             target = specification.create_resource(resolved.contents)
             stack.append((target, resolved.resolver))
         stack.extend((sub, resolver.in_subresource(sub)) for sub in resource.subresources())
+    _check_loops(in_place, paths)
+
+
+# The keywords that apply their subschemas to the value they are at (not to its members): a loop
+# through only these and references checks the same value again and again, and never ends.
+IN_PLACE_ONE = ("not", "if", "then", "else")
+IN_PLACE_MANY = ("allOf", "anyOf", "oneOf")
+IN_PLACE_BY_NAME = ("dependentSchemas", "dependencies")
+
+
+def _applied_in_place(node: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
+    for keyword in IN_PLACE_ONE:
+        if keyword in node:
+            yield _child(path, keyword), node[keyword]
+    for keyword in IN_PLACE_MANY:
+        if isinstance(node.get(keyword), list):
+            yield from ((f"{_child(path, keyword)}[{i}]", s) for i, s in enumerate(node[keyword]))
+    for keyword in IN_PLACE_BY_NAME:
+        if isinstance(node.get(keyword), dict):
+            where = _child(path, keyword)
+            yield from ((_child(where, name), s) for name, s in node[keyword].items())
+
+
+def _check_loops(in_place: dict[int, list[tuple[str, Any]]], paths: dict[int, str]) -> None:
+    """SchemaRefused naming a place that leads back to itself through schemas applied in place
+    (`{"$ref": "#"}`, `{"anyOf": [{"$ref": "#"}]}`): checking any payload there never ends."""
+    done: set[int] = set()
+    for start in in_place:
+        if start in done:
+            continue
+        on_path = {start}
+        stack = [(start, iter(in_place[start]))]
+        while stack:
+            node, edges = stack[-1]
+            step = next(edges, None)
+            if step is None:
+                stack.pop()
+                on_path.discard(node)
+                done.add(node)
+                continue
+            where, target = step
+            if id(target) in on_path:
+                raise SchemaRefused(
+                    f"{where} leads back to {paths.get(id(target), '$')} without going into the"
+                    " payload: checking a payload against it would never end."
+                )
+            if isinstance(target, dict) and id(target) not in done:
+                on_path.add(id(target))
+                stack.append((id(target), iter(in_place.get(id(target), []))))
 
 
 def _check_patterns(node: dict[str, Any], path: str, dialect: type[Validator]) -> None:

@@ -57,6 +57,15 @@ ADMIN_TOKEN = "test-admin-token"
 FORM = "application/x-www-form-urlencoded"
 
 
+@pytest.fixture(autouse=True)
+def unspent_schema_allowances(monkeypatch):
+    """Every producer's allowance of schema checking unspent: it is kept in the process's memory
+    (broker/schema_allowance.py), and one test's costly payloads must not refuse the next's."""
+    from broker import schema_allowance
+
+    monkeypatch.setattr(schema_allowance, "ALLOWANCES", schema_allowance.Allowances())
+
+
 @pytest.fixture
 def admin_client(client, settings):
     """A test client that authenticates as admin with a BROKER_ADMIN_TOKENS bearer token."""

@@ -21,8 +21,9 @@ from broker.conf import broker_settings
 from broker.models import Channel, Producer, is_resource_id
 from broker.parsing import parse_int
 from broker.publishing import ProducerNotAllowed, PublishError, check_keepable, publish
-from broker.ratelimit import configured_limit, take_broadcast
+from broker.ratelimit import configured_limit, given_back_if_not_stored, take_broadcast
 from broker.scheduling import parse_rfc3339, require_min_delay
+from broker.schema_allowance import metered
 from broker.tokens import hash_token
 from jobs.queue import TokenDigests
 from jobs.queue.rules import producer_may_publish_sql, producer_rule_parameters
@@ -90,19 +91,22 @@ class BroadcastView(APIView):
                 "type's schema (nesting, validation steps)"
             ),
             429: _error(
-                "the producer is over BROKER_BROADCAST_RATE_LIMIT; Retry-After gives the seconds "
+                "the producer is over BROKER_BROADCAST_RATE_LIMIT, or over its allowance of "
+                "schema checking (BROKER_SCHEMA_STEPS_PER_SECOND); Retry-After gives the seconds "
                 "to wait"
             ),
         },
     )
     def post(self, request: Request, channel_id: str) -> Response:
         producer_id = producer_id_of(request)
-        if configured_limit() is not None or not _small_body(request):
+        if configured_limit() is not None or _typed(request) or not _small_body(request):
             # Tokens first, in a query of their own: so nobody can spend a producer's allowance
-            # without its token, and a body to offload is read and stored only once they match.
+            # (of broadcasts, of schema checking) without its token, and a body to offload is
+            # read and stored, or one of a typed message checked, only once they match.
             authenticate(request, channel_id, producer_id)
             take_broadcast(producer_id)  # RateLimited: 429 with Retry-After
-            return _publish(request, channel_id, producer_id, tokens=None)
+            with given_back_if_not_stored(producer_id), metered(producer_id):
+                return _publish(request, channel_id, producer_id, tokens=None)
         try:
             # The hot path: the publish statement checks the tokens itself (one round trip).
             return _publish(request, channel_id, producer_id, _given_tokens(request))
@@ -137,6 +141,11 @@ def _publish(
     kind = "message" if scheduled_for is None else "scheduled-message"
     location = f"/channel/{channel_id}/{kind}/{message.public_id}"
     return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
+
+
+def _typed(request: Request) -> bool:
+    """Whether the message names an event type, whose schema may have its payload checked."""
+    return "X-Broker-Event-Type" in request.headers
 
 
 def _event_type(request: Request) -> str | None:

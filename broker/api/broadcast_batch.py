@@ -35,7 +35,8 @@ from broker.publishing_batch import (
     check_batch,
     store_batch,
 )
-from broker.ratelimit import OverBurst, take_broadcasts
+from broker.ratelimit import OverBurst, given_back_if_not_stored, take_broadcasts
+from broker.schema_allowance import metered
 
 TOKEN_HEADERS = HEADERS[:3]  # channel token, producer ID, producer token
 
@@ -150,8 +151,9 @@ class BroadcastBatchView(APIView):
                 "schema (listed in errors); nothing stored",
             ),
             429: _error(
-                "the batch's messages are over the producer's BROKER_BROADCAST_RATE_LIMIT; "
-                "Retry-After gives the seconds to wait"
+                "the batch's messages are over the producer's BROKER_BROADCAST_RATE_LIMIT, or the "
+                "producer is over its allowance of schema checking "
+                "(BROKER_SCHEMA_STEPS_PER_SECOND); Retry-After gives the seconds to wait"
             ),
         },
     )
@@ -161,9 +163,11 @@ class BroadcastBatchView(APIView):
         authenticate(request, channel_id, producer_id)  # the broadcast's, answers and all
         messages, errors = parse_items(read_batch(_body(request)))
         try:
-            rows = check_batch(channel_id, producer_id, messages, errors)
+            with metered(producer_id):  # OverAllowance: 429 with Retry-After
+                rows = check_batch(channel_id, producer_id, messages, errors)
             take_broadcasts(producer_id, len(rows))  # RateLimited: 429 with Retry-After
-            published = store_batch(channel_id, producer_id, rows)
+            with given_back_if_not_stored(producer_id, len(rows)):
+                published = store_batch(channel_id, producer_id, rows)
         except BatchRefused as refused:
             return Response(
                 {"Error": str(refused), "errors": [wire_error(e) for e in refused.errors]},

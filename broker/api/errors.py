@@ -19,6 +19,7 @@ from rest_framework.response import Response
 
 from broker import payloads, publishing
 from broker.ratelimit import RateLimited
+from broker.schema_allowance import OverAllowance
 from broker.storable_text import UnstorableText
 from jobs.states import ForbiddenTransition
 
@@ -79,7 +80,7 @@ def handle_exception(exc: Exception, context: dict[str, Any]) -> Response | None
     if isinstance(exc, TooManyFieldsSent):
         limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
         return _response(status.HTTP_400_BAD_REQUEST, f"More than {limit} form fields.")
-    if isinstance(exc, RateLimited):
+    if isinstance(exc, RateLimited | OverAllowance):
         response = _response(status.HTTP_429_TOO_MANY_REQUESTS, str(exc))
         response["Retry-After"] = str(exc.retry_after)
         return response

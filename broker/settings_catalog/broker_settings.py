@@ -229,3 +229,10 @@ class BrokerSettings(SettingGroup, section=BROKER):
         section=RATE_LIMIT,
         shown_default="`0` (= one second's worth, at least 1)",
     )
+    BROKER_SCHEMA_STEPS_PER_SECOND = Setting(
+        Integer(minimum=0),
+        100_000,
+        'steps of schema checking (docs/api.md, "Event type catalogue") each web process'
+        " does per second for one producer, sustained; `0` turns the allowance off",
+        section=RATE_LIMIT,
+    )

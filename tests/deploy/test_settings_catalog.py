@@ -71,6 +71,7 @@ EXPECTED_KINDS = {
     "BROKER_GATEWAY_AUTH_EXEMPT_PATHS": Items(),
     "BROKER_BROADCAST_RATE_LIMIT": Number(minimum=0.0, maximum=1e6),
     "BROKER_BROADCAST_BURST": Integer(minimum=0),
+    "BROKER_SCHEMA_STEPS_PER_SECOND": Integer(minimum=0),
     "DATABASE_URL": Text(),
     "DATABASE_POOL": Flag(),
     "DATABASE_POOL_MAX_SIZE": Integer(minimum=2),

@@ -92,7 +92,12 @@ def broadcast(client, settings, full_payload_dir):
     return send
 
 
-def test_a_payload_that_cannot_be_stored_is_refused_and_leaves_nothing(broadcast, full_payload_dir):
+def test_a_payload_that_cannot_be_stored_is_refused_and_leaves_nothing(
+    broadcast, full_payload_dir, settings
+):
+    # One broadcast allowed in 1,000 s: the refused one must give it back.
+    settings.BROKER_BROADCAST_RATE_LIMIT = 0.001
+    settings.BROKER_BROADCAST_BURST = 1
     files_before = sorted(os.listdir(full_payload_dir))
 
     refused = broadcast(b'"' + b"x" * (OFFLOAD_BYTES * 8) + b'"', "too-big-for-the-disk")
@@ -132,9 +137,13 @@ def post_batch(client, count: int, tag: str):
 
 def test_a_batch_refused_for_storage_removes_the_files_it_wrote(client, settings):
     """The report: 5 payloads of 300 KB with room for 3 answered 507 and left the 3 files (900
-    KB) behind, so every later large payload, anyone's, got 507 until the daily purge."""
+    KB) behind, so every later large payload, anyone's, got 507 until the daily purge. And the
+    producer's rate allowance stays its own: the broker's failure to store costs it nothing."""
     make_producer(token="producer-token")
     make_consumer(make_channel(token="channel-token"))
+    # Five broadcasts allowed in 5,000 s: the refused batch must give its five back.
+    settings.BROKER_BROADCAST_RATE_LIMIT = 0.001
+    settings.BROKER_BROADCAST_BURST = 5
     with tmpfs(size_kib=1024, free_kib=3 * 300 + 40) as payload_dir:
         use_payload_dir(settings, payload_dir)
         files_before = sorted(os.listdir(payload_dir))
