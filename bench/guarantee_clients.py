@@ -85,19 +85,33 @@ async def _chunks(file: IO[bytes], on_first: Callable[[], None] | None) -> Async
 
 
 class Aiohttp(Adapter):
-    pin_how = "a resolver of the session's connector (jobs/aiohttp_delivery.py: SafeResolver)"
+    pin_how = "a resolver of the session's connector (the broker's SafeResolver until issue 37)"
     cannot_guard = (
-        "yes, by resolution: SafeResolver drops non-public addresses and aiohttp connects only to"
-        " what it returned; IP literals are judged by check_delivery_url (tests/reliability)"
+        "yes, by resolution: a resolver that drops non-public addresses (the broker's SafeResolver"
+        " until issue 37), as aiohttp connects only to what it returned; IP literals, which skip"
+        " the resolver, need a check of the URL"
     )
     can_guard = False
-    stream_how = "an async generator with Content-Length (jobs/aiohttp_delivery.py)"
+    stream_how = "an async generator with Content-Length"
     signal_how = "the body object's write (ReportingBody)"
 
     def __init__(self) -> None:
         super().__init__()
         import aiohttp
         from aiohttp.abc import AbstractResolver
+        from aiohttp.payload import BytesPayload
+
+        mark_sent = self.mark_sent
+
+        class ReportingBody(BytesPayload):
+            """A body that reports when it starts going out: aiohttp sends a request's headers
+            with the first chunk of its body."""
+
+            async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+                mark_sent()
+                await super().write_with_length(writer, content_length)
+
+        self.reporting_body = ReportingBody
 
         pins: dict[str, str] = {}
 
@@ -118,13 +132,11 @@ class Aiohttp(Adapter):
         )
 
     async def send(self, url: str, body: bytes, timeout: float, **options: Any) -> Attempt:
-        from jobs.aiohttp_delivery import ReportingBody
-
         if options["pin"]:
             host, _, address = options["pin"]
             self.pins[host] = address
         file, headers = options["file"], {}
-        data: Any = ReportingBody(body, self.mark_sent)
+        data: Any = self.reporting_body(body)
         if file is not None:
             data, headers = _chunks(file, self.mark_sent), {"Content-Length": str(_file_size(file))}
         async with self.session.post(

@@ -72,42 +72,22 @@ class _Base:
         return False
 
 
-class AiohttpDeliver(_Base):
-    """The dispatcher's sender on aiohttp: jobs/delivery.py's `deliver()` over
-    jobs/aiohttp_delivery.py's session and POST (BROKER_DISPATCH_HTTP_CLIENT=aiohttp)."""
+class AiohttpPost(_Base):
+    """aiohttp's session as the dispatcher configured it while aiohttp was one of its senders
+    (until issue 37), without its address guard: no cookies, no decompression, no proxy from the
+    environment; `session.post` with the same options, without `deliver()` around it."""
 
     def __init__(self, workload: Workload, width: int) -> None:
         super().__init__(workload)
-        import django
+        import aiohttp
 
-        django.setup()
-        import functools
-
-        from jobs import aiohttp_delivery, delivery
-
-        self.delivery = delivery
-        self.session = aiohttp_delivery.delivery_session(width)
-        self.post = functools.partial(aiohttp_delivery.post, self.session)
-        self.sent: set[int] = set()
-        self.requests = [
-            delivery.DeliveryRequest(index, NO_JOB, 1, 1, workload.url, headers, BODY)
-            for index, headers in enumerate(workload.headers)
-        ]
-
-    async def send(self, index: int) -> bool:
-        request = self.requests[index]
-        result = await self.delivery.deliver(
-            self.post, request, self.workload.timeout, on_sent=lambda: self.sent.add(index)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=width),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            headers={"Accept-Encoding": "identity"},
+            trust_env=False,
         )
-        self.sent.discard(index)  # as the dispatcher's `_send` does
-        return result.succeeded or self.failed(result.error)
-
-    async def close(self) -> None:
-        await self.session.close()
-
-
-class AiohttpPost(AiohttpDeliver):
-    """The same session, `session.post` with the same options, without `deliver()` around it."""
 
     async def send(self, index: int) -> bool:
         import aiohttp
@@ -125,31 +105,42 @@ class AiohttpPost(AiohttpDeliver):
         except Exception as exc:
             return self.failed(exc)
 
+    async def close(self) -> None:
+        await self.session.close()
 
-class PycurlDeliver(AiohttpDeliver):
-    """The dispatcher's sender on libcurl (its default): jobs/delivery.py's `deliver()` over
-    jobs/curl_delivery.py's POST, with the address guard on every connection."""
+
+class PycurlDeliver(_Base):
+    """The dispatcher's sender: jobs/delivery.py's `deliver()` over jobs/curl_delivery.py's POST,
+    with the address guard on every connection."""
 
     def __init__(self, workload: Workload, width: int) -> None:
-        super().__init__(workload, width)
+        super().__init__(workload)
+        import django
+
+        django.setup()
         import functools
 
-        from jobs import curl_delivery
+        from jobs import curl_delivery, delivery
         from jobs.curl_multi import CurlMulti
 
+        self.delivery = delivery
         self.multi = CurlMulti(width, workload.timeout, allow_address=curl_delivery.allowed_address)
         self.curl_post = functools.partial(curl_delivery.post, self.multi)
+        self.sent: set[int] = set()
+        self.requests = [
+            delivery.DeliveryRequest(index, NO_JOB, 1, 1, workload.url, headers, BODY)
+            for index, headers in enumerate(workload.headers)
+        ]
 
     async def send(self, index: int) -> bool:
         request = self.requests[index]
         result = await self.delivery.deliver(
             self.curl_post, request, self.workload.timeout, on_sent=lambda: self.sent.add(index)
         )
-        self.sent.discard(index)
+        self.sent.discard(index)  # as the dispatcher's `_send` does
         return result.succeeded or self.failed(result.error)
 
     async def close(self) -> None:
-        await super().close()
         self.multi.close()
 
 
@@ -293,7 +284,6 @@ def _factory(kind: Callable[[Workload, int], Candidate]) -> Callable[..., Awaita
 
 
 CANDIDATES: dict[str, Callable[[Workload, int], Awaitable[Candidate]]] = {
-    "aiohttp-deliver": _factory(AiohttpDeliver),
     "aiohttp": _factory(AiohttpPost),
     "pycurl-deliver": _factory(PycurlDeliver),
     "pycurl": _factory(Pycurl),
@@ -303,7 +293,6 @@ CANDIDATES: dict[str, Callable[[Workload, int], Awaitable[Candidate]]] = {
     "harness-alone": _factory(HarnessAlone),
 }
 MODULES = {
-    "aiohttp-deliver": "aiohttp",
     "aiohttp": "aiohttp",
     "pycurl-deliver": "pycurl",
     "pycurl": "pycurl",

@@ -1,5 +1,6 @@
-"""The delivery step's HTTP client: aiohttp as the dispatcher uses it against clients that do the
-HTTP work outside the interpreter, on the same receiver in the same run (issue 18).
+"""The delivery step's HTTP client: the dispatcher's sender (libcurl) against other clients, aiohttp
+(its sender until issue 37) and clients that do the HTTP work outside the interpreter, on the same
+receiver in the same run (issue 18).
 
 Every candidate sends the same workload from a process of its own (so that its CPU is its own,
 threads included: `resource.getrusage(RUSAGE_SELF)`): POSTs of a ~300-byte JSON body with
@@ -9,12 +10,10 @@ broker's IDs) to bench/webhook_sink.py on 127.0.0.1, over keep-alive connections
 client and concurrency, requests/s, the client process's CPU per request and the requests that
 failed, and checks with the receiver's count that every measured request arrived.
 
-    aiohttp-deliver  jobs/delivery.py's `deliver()` over jobs/aiohttp_delivery.py: what the
-                     dispatcher runs with BROKER_DISPATCH_HTTP_CLIENT=aiohttp (address guard, no
-                     redirects, timeout, excerpt, sent signal)
-    aiohttp          the same session, `session.post` alone, without `deliver()` around it
+    aiohttp          an aiohttp session configured as the dispatcher's was (until issue 37),
+                     `session.post` alone, without the address guard
     pycurl-deliver   jobs/delivery.py's `deliver()` over jobs/curl_delivery.py: what the
-                     dispatcher runs by default (libcurl), same requests, results and guarantees
+                     dispatcher runs (address guard, no redirects, timeout, excerpt, sent signal)
     pycurl           libcurl's multi interface on the asyncio loop (jobs/curl_multi.py) alone
     curl-cffi        curl_cffi's AsyncSession (libcurl, its own asyncio driver)
     pyreqwest        pyreqwest's async Client (Rust reqwest/hyper on a Tokio thread)
@@ -24,7 +23,7 @@ failed, and checks with the receiver's count that every measured request arrived
 
     .venv/bin/pip install -r bench/requirements.txt
     flock /work/bench.lock .venv/bin/python bench/http_clients.py
-    .venv/bin/python bench/http_clients.py --clients aiohttp-deliver,pycurl --concurrency 128
+    .venv/bin/python bench/http_clients.py --clients aiohttp,pycurl --concurrency 128
 
 Clients that are not installed are reported and skipped. It talks to 127.0.0.1 only and stops
 its receiver when done.

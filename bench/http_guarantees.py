@@ -13,8 +13,9 @@ The receiver (this script with `--serve`, a process of its own) has one path per
 For each candidate and guarantee it prints a verdict: "yes"/"no" from the check, and how it was
 done or what failed. The address guard is checked by pinning a name that does not resolve
 (`pinned.invalid`) to 127.0.0.1 for one request, and, where the client allows it, by refusing
-127.0.0.1 at connect time. jobs/delivery.py's own guarantees (aiohttp) are tested in tests/
-(tests/dispatch, tests/reliability); aiohttp is checked here too, with the same session.
+127.0.0.1 at connect time. The dispatcher's own guarantees (jobs/delivery.py over libcurl) are
+tested in tests/ (tests/dispatch, tests/reliability); aiohttp, its sender until issue 37, is
+checked here too.
 
     .venv/bin/python bench/http_guarantees.py [--clients pycurl,pyreqwest]
 """

@@ -33,7 +33,6 @@ STEPS: list[tuple[str, Callable[[str], bool]]] = [
     ("record: metrics", lambda stack: _recording(stack) and "prometheus_client" in stack),
     ("record: other", _recording),
     ("maintenance", lambda stack: "jobs/maintenance.py" in stack),
-    ("HTTP: aiohttp", lambda stack: "aiohttp/" in stack),
     ("HTTP: libcurl's multi handle on the loop", lambda stack: "jobs/curl_multi.py" in stack),
     ("HTTP: the client's POST", lambda stack: "_delivery.py" in stack),
     ("HTTP: jobs/delivery.py around the client", lambda stack: "jobs/delivery.py" in stack),

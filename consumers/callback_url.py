@@ -1,5 +1,5 @@
-"""The form of a callback URL: an absolute http(s) URL with a host and a port aiohttp can use;
-and how one is shown.
+"""The form of a callback URL: an absolute http(s) URL with a host and a port (as yarl reads it,
+like the address guard); and how one is shown.
 
 Checked when a consumer is created, edited or seeded. Where the host may lead is the address
 guard's business (consumers/safety.py), not this module's: single-label names such as
@@ -42,7 +42,7 @@ def validate_callback_url(value: str) -> None:
     if port is not None and not (_PORT.fullmatch(port) and 1 <= int(port) <= 65535):
         raise ValidationError(BAD_PORT)
     try:
-        url = URL(value)  # as aiohttp reads it
+        url = URL(value)  # as the address guard reads it (consumers/safety.py)
     except ValueError:
         raise ValidationError(BAD_FORM) from None
     if url.scheme not in ("http", "https") or not url.raw_host or not host:

@@ -8,26 +8,23 @@ documentation ranges, and IPv6 forms that embed such an IPv4 address (mapped, co
 
 Two moments are guarded:
 
-* **Creation** (`check_callback_url`): the host is parsed as aiohttp will parse it (yarl), IP
-  literals are judged by the address they mean in any form libc accepts (`2130706433`,
-  `0177.0.0.1`, `0x7f.1`, `127.1`, `[::ffff:127.0.0.1]`, zone IDs), `localhost` and the local-only
-  suffixes are refused without resolving, and other names are resolved once and refused if *any*
-  address is not public. A name that does not resolve is **allowed**: its DNS records may not
-  exist yet, and every delivery checks again, so nothing is sent anywhere unchecked.
-* **Delivery**: the dispatcher's `aiohttp.TCPConnector(resolver=SafeResolver())` resolves each
-  name once, drops the non-public addresses and raises when none remain. aiohttp connects to the
-  addresses its resolver returned, so the check and the connection use one resolution: DNS is
-  pinned per request and a rebinding name cannot slip a private address in between. aiohttp does
-  not consult its resolver for IP literals, so the dispatcher also calls `check_delivery_url`
-  before each request (no DNS involved). Redirects must not be followed (docs/dispatcher.md), and
-  the session must not use an environment proxy (`trust_env` stays false): a proxy resolves names
-  itself, out of the guard's sight.
+* **Creation** (`check_callback_url`): the host is parsed with yarl, IP literals are judged by
+  the address they mean in any form libc accepts (`2130706433`, `0177.0.0.1`, `0x7f.1`, `127.1`,
+  `[::ffff:127.0.0.1]`, zone IDs), `localhost` and the local-only suffixes are refused without
+  resolving, and other names are resolved once and refused if *any* address is not public. A
+  name that does not resolve is **allowed**: its DNS records may not exist yet, and every
+  delivery checks again, so nothing is sent anywhere unchecked.
+* **Delivery** (jobs/curl_delivery.py): `check_delivery_url` refuses local names and non-public
+  IP literals before each request (no DNS involved); then every address libcurl is about to
+  connect to, whatever resolved it, is judged by `is_public_address` before it connects
+  (CURLOPT_OPENSOCKETFUNCTION), so the check and the connection use the same address and a
+  rebinding name cannot slip a private address in between. Redirects must not be followed
+  (docs/dispatcher.md), and no proxy may be used: a proxy resolves names itself, out of the
+  guard's sight.
 
-Delivery-time refusals raise `UnsafeDeliveryAddress`, which is both an `UnsafeCallback` and an
-`OSError`: aiohttp reports an OSError from its resolver as `ClientConnectorDNSError`, so the
-dispatcher's ordinary connection-error handling covers a refusal (a temporary failure: DNS may
-change) and `is_refusal` tells it apart when a distinct error class is wanted.
-Messages name the host, never the URL: its userinfo or query may carry a token.
+Refusals raise `UnsafeCallback`; a delivery refused is an attempt failed with the error class
+`unsafe-callback`, retried like any other (DNS may change). Messages name the host, never the
+URL: its userinfo or query may carry a token.
 """
 
 from __future__ import annotations
@@ -35,10 +32,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable
 
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import ThreadedResolver
 from yarl import URL
 
 from broker.conf import broker_settings
@@ -122,14 +116,6 @@ class UnsafeCallback(ValueError):
         return self.message
 
 
-class UnsafeDeliveryAddress(UnsafeCallback, OSError):
-    """A refusal at delivery time; an OSError too, so aiohttp reports it as a connection error."""
-
-    def __init__(self, host: str | None, reason: str) -> None:
-        super().__init__(host, reason)
-        self.strerror = self.message  # what aiohttp's ClientConnectorError shows
-
-
 def is_public_address(ip: IPAddress) -> bool:
     """Whether a callback may connect to `ip`: a public unicast address, or one embedding it."""
     if isinstance(ip, ipaddress.IPv4Address):
@@ -168,11 +154,11 @@ def check_callback_url(url: str) -> None:
     """
     if broker_settings.BROKER_ALLOW_PRIVATE_CALLBACKS:
         return
-    host = _checked_host(url, UnsafeCallback)
+    host = _checked_host(url)
     if _ip_literal(host) is not None:
         return
     try:
-        addresses = _lookup(host, None)
+        addresses = _lookup(host)
     except (OSError, UnicodeError):
         return  # not resolvable (yet): every delivery resolves and checks again
     for address in addresses:
@@ -183,85 +169,32 @@ def check_callback_url(url: str) -> None:
 def check_delivery_url(url: str) -> None:
     """Refuse, before a delivery, a URL whose host is a non-public IP literal or a local name.
 
-    Raises UnsafeDeliveryAddress. No DNS: SafeResolver checks names as the connection resolves
-    them; this covers the IP literals that aiohttp connects to without asking its resolver.
+    Raises UnsafeCallback. No DNS: libcurl's connect-time guard judges the addresses it resolves
+    (jobs/curl_delivery.py); this refuses local names before any lookup.
     """
     if not broker_settings.BROKER_ALLOW_PRIVATE_CALLBACKS:
-        _checked_host(url, UnsafeDeliveryAddress)
+        _checked_host(url)
 
 
-def resolve_for_delivery(host: str, port: int) -> list[str]:
-    """Resolve `host` once and return the addresses a delivery may connect to, in order.
-
-    Non-public addresses are dropped unless BROKER_ALLOW_PRIVATE_CALLBACKS. Raises
-    UnsafeDeliveryAddress when none remain (or for a local name or a non-public IP literal), and
-    socket.gaierror when the name does not resolve. Blocking; the dispatcher uses SafeResolver.
-    """
-    allowed = broker_settings.BROKER_ALLOW_PRIVATE_CALLBACKS
-    if not allowed:
-        _refuse_local_name(host, UnsafeDeliveryAddress)
-    literal = _ip_literal(host)
-    found = [str(literal)] if literal is not None else _lookup(host, port)
-    addresses = list(dict.fromkeys(found))  # one entry per address, first answer first
-    return addresses if allowed else _public_only(host, addresses)
-
-
-class SafeResolver(AbstractResolver):
-    """An aiohttp resolver that returns only public addresses (see the module docstring).
-
-    Wraps aiohttp's ThreadedResolver (or `resolver`). Raises UnsafeDeliveryAddress, which aiohttp
-    turns into ClientConnectorDNSError, when a name resolves to no public address; resolution
-    errors of the wrapped resolver pass through.
-    """
-
-    def __init__(self, resolver: AbstractResolver | None = None) -> None:
-        self._resolver = resolver
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        allowed = broker_settings.BROKER_ALLOW_PRIVATE_CALLBACKS
-        if not allowed:
-            _refuse_local_name(host, UnsafeDeliveryAddress)
-        if self._resolver is None:  # created here: ThreadedResolver needs the running loop
-            self._resolver = ThreadedResolver()
-        results = await self._resolver.resolve(host, port, family)
-        if allowed:
-            return results
-        public = set(_public_only(host, [result["host"] for result in results]))
-        return [result for result in results if result["host"] in public]
-
-    async def close(self) -> None:
-        if self._resolver is not None:
-            await self._resolver.close()
-
-
-def is_refusal(exc: BaseException) -> bool:
-    """Whether a delivery error is the guard's refusal, also when aiohttp wrapped it."""
-    return isinstance(exc, UnsafeCallback) or isinstance(
-        getattr(exc, "os_error", None), UnsafeCallback
-    )
-
-
-def _checked_host(url: str, error: type[UnsafeCallback]) -> str:
-    """The host of `url` as aiohttp will see it, refused if a local name or non-public literal."""
+def _checked_host(url: str) -> str:
+    """The host of `url` (as yarl reads it), refused if a local name or non-public literal."""
     try:
         host = URL(url).raw_host
     except (ValueError, TypeError):
-        raise error(None, "the callback URL cannot be parsed") from None
+        raise UnsafeCallback(None, "the callback URL cannot be parsed") from None
     if not host or not host.strip("."):
-        raise error(None, "the callback URL has no host")
-    _refuse_local_name(host, error)
+        raise UnsafeCallback(None, "the callback URL has no host")
+    _refuse_local_name(host)
     literal = _ip_literal(host)
     if literal is not None and not is_public_address(literal):
-        raise error(host, f"it is the non-public address {literal}")
+        raise UnsafeCallback(host, f"it is the non-public address {literal}")
     return host
 
 
-def _refuse_local_name(host: str, error: type[UnsafeCallback]) -> None:
+def _refuse_local_name(host: str) -> None:
     name = host.rstrip(".").lower()
     if name == "localhost" or name.endswith(LOCAL_NAME_SUFFIXES):
-        raise error(host, "it names this machine or its local network")
+        raise UnsafeCallback(host, "it names this machine or its local network")
 
 
 def _ip_literal(host: str) -> IPAddress | None:
@@ -289,15 +222,6 @@ def _parse_address(address: str) -> IPAddress:
     return ipaddress.ip_address(address.partition("%")[0])
 
 
-def _lookup(host: str, port: int | None) -> list[str]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+def _lookup(host: str) -> list[str]:
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
-
-
-def _public_only(host: str, addresses: Iterable[str]) -> list[str]:
-    addresses = list(addresses)
-    public = [address for address in addresses if is_public_address(_parse_address(address))]
-    if not public:
-        found = ", ".join(addresses) or "none"
-        raise UnsafeDeliveryAddress(host, f"it resolves to no public address ({found})")
-    return public

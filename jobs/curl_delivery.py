@@ -1,7 +1,7 @@
-"""Deliveries over libcurl (BROKER_DISPATCH_HTTP_CLIENT=libcurl, the default): pycurl's multi
-interface on the running loop (jobs/curl_multi.py), for jobs/delivery.py's `deliver`. It does the
-HTTP work in C: 1.6-1.9 times less CPU per request than aiohttp in bench/http_clients.py
-(docs/performance.md, "Delivery: HTTP clients compared (issue 18)").
+"""Deliveries over libcurl, the broker's one HTTP sender: pycurl's multi interface on the running
+loop (jobs/curl_multi.py), for jobs/delivery.py's `deliver`. It does the HTTP work in C: 1.6-1.9
+times less CPU per request than aiohttp in bench/http_clients.py (docs/performance.md, "Delivery:
+HTTP clients compared (issue 18)"), which is why it replaced aiohttp (issue 37).
 
 What it keeps, and how:
 
@@ -48,7 +48,7 @@ from jobs.delivery import (
 )
 
 # Sent with every request: what it reads, it reads as sent; no 100-continue round trip before a
-# large body (aiohttp sends none either).
+# large body.
 FIXED_HEADERS = [b"Accept-Encoding: identity", b"Expect:"]
 
 
@@ -109,8 +109,8 @@ async def post(
 
 
 def header_lines(headers: dict[str, str]) -> list[bytes]:
-    """libcurl's header lines, in UTF-8 as aiohttp sends them (a kept metadata header's value may
-    be any text). "Name;" sends an empty header: "Name:" would remove it."""
+    """libcurl's header lines, in UTF-8 (a kept metadata header's value may be any text). "Name;"
+    sends an empty header: "Name:" would remove it."""
     lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers.items()]
     return [line.encode() for line in lines] + FIXED_HEADERS
 

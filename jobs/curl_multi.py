@@ -126,8 +126,8 @@ class CurlMulti:
         self.connect_timeout_ms = int((connect_timeout or timeout) * 1000)
         self.allow_address = allow_address
         self.pinned = list(pinned)
-        # The certificate authorities Python's ssl module (and aiohttp) trusts, SSL_CERT_FILE and
-        # SSL_CERT_DIR included, rather than the paths the libcurl in pycurl's wheel was built with.
+        # The certificate authorities Python's ssl module trusts, SSL_CERT_FILE and SSL_CERT_DIR
+        # included, rather than the paths the libcurl in pycurl's wheel was built with.
         self.trusted = ssl.get_default_verify_paths()
         self.multi = pycurl.CurlMulti()
         self.multi.setopt(pycurl.M_SOCKETFUNCTION, self._watch)
@@ -199,7 +199,7 @@ class CurlMulti:
         handle.setopt(pycurl.FOLLOWLOCATION, 0)  # a 3xx is an answer, never a new destination
         handle.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
         handle.setopt(pycurl.NOPROXY, "*")  # a proxy would resolve names out of the guard's sight
-        handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)  # as aiohttp speaks
+        handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
         handle.setopt(pycurl.TIMEOUT_MS, self.timeout_ms)
         handle.setopt(pycurl.CONNECTTIMEOUT_MS, self.connect_timeout_ms)
         if self.trusted.cafile:

@@ -1,7 +1,7 @@
-"""What sending one webhook is, whichever HTTP client sends it (jobs/senders.py chooses): the
-request and the attempt's result, its span, the reading of an offloaded payload, and the rule that
-nothing a delivery meets ends anything but that attempt (docs/dispatcher.md). The clients' own
-parts are jobs/aiohttp_delivery.py and jobs/curl_delivery.py."""
+"""Sending one webhook: `open_sender`, which the dispatcher, the UI's test events and the tests all
+send through; the request and the attempt's result, its span, the reading of an offloaded payload,
+and the rule that nothing a delivery meets ends anything but that attempt (docs/dispatcher.md).
+libcurl does the HTTP work: jobs/curl_delivery.py and jobs/curl_multi.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import calendar
 import logging
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_tz
@@ -109,10 +109,10 @@ class AttemptResult:
 
 
 class Post(Protocol):
-    """One HTTP client's POST of a delivery: `body` is the request's own bytes or its offloaded
-    payload's open file; `on_sent` is called as the request goes on the wire. Describes what
-    happened as an AttemptResult; may raise only for a bug, which `deliver` makes the attempt's
-    failure."""
+    """libcurl's POST of a delivery (jobs/curl_delivery.py): `body` is the request's own bytes or
+    its offloaded payload's open file; `on_sent` is called as the request goes on the wire.
+    Describes what happened as an AttemptResult; may raise only for a bug, which `deliver` makes
+    the attempt's failure."""
 
     def __call__(
         self,
@@ -122,6 +122,27 @@ class Post(Protocol):
         timeout: float,
         on_sent: Callable[[], None] | None,
     ) -> Awaitable[AttemptResult]: ...
+
+
+# Delivers one request within a timeout, calling `on_sent` as it goes on the wire; never raises.
+Send = Callable[
+    [DeliveryRequest, float, Callable[[], None] | None], Coroutine[Any, Any, AttemptResult]
+]
+
+
+@asynccontextmanager
+async def open_sender(concurrency: int) -> AsyncIterator[Send]:
+    """Delivers over libcurl, up to `concurrency` requests at a time."""
+    from jobs.curl_delivery import curl_post  # imported here: it builds on this module
+
+    async with curl_post(concurrency) as post:
+
+        async def send(
+            request: DeliveryRequest, timeout: float, on_sent: Callable[[], None] | None = None
+        ) -> AttemptResult:
+            return await deliver(post, request, timeout, on_sent)
+
+        yield send
 
 
 async def deliver(
@@ -364,9 +385,8 @@ def storable_text(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
-def describe_error(exc: BaseException, text: str | None = None) -> str:
-    """The exception in one line for `last_error` and the logs, without NULs: its name and
-    `text`, by default its message. A client whose messages may hold the callback URL (its
-    userinfo or query may carry a secret) passes a text without it."""
-    line = f"{type(exc).__name__}: {exc if text is None else text}"
+def describe_error(exc: BaseException) -> str:
+    """The exception in one line for `last_error` and the logs, without NULs: its name and its
+    message."""
+    line = f"{type(exc).__name__}: {exc}"
     return storable_text(line.replace("\n", " ")[:500])

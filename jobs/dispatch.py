@@ -32,7 +32,15 @@ from broker.conf import broker_settings
 from consumers.models import Consumer
 from jobs import queue
 from jobs.consumer_cache import ConsumerCache, UnreadableConsumer
-from jobs.delivery import REQUEST_ERROR, AttemptResult, DeliveryRequest, describe_error, unanswered
+from jobs.delivery import (
+    REQUEST_ERROR,
+    AttemptResult,
+    DeliveryRequest,
+    Send,
+    describe_error,
+    open_sender,
+    unanswered,
+)
 from jobs.fair_share import FairShare
 from jobs.health import Health
 from jobs.maintenance import HOUSEKEEPING_SECONDS, RELEASE_SECONDS, Maintenance
@@ -41,7 +49,6 @@ from jobs.outcome_log import log_attempt
 from jobs.outgoing import names_of_job, request_for_job
 from jobs.queue import ClaimedJob, JobKey
 from jobs.retry import Outcome, Verdict, decide, throttle_seconds
-from jobs.senders import Send, open_sender
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -204,10 +211,9 @@ class Dispatcher:
     async def run(self) -> None:
         """Claim, deliver and record until stopped. Raises BrokenDatabase, the one reason it
         ends on its own: no delivery or step failure ends it."""
-        # Payload reads (and aiohttp's DNS lookups; libcurl resolves in threads of its own) run
-        # in the loop's default executor: a thread for every delivery that may be in flight, so
-        # that one consumer's names that are slow to resolve cannot hold up everybody else's
-        # lookups (Python's default has 6 threads on 2 cores).
+        # Payload reads run in the loop's default executor (libcurl resolves names in threads of
+        # its own): a thread for every delivery that may be in flight, so that one consumer's slow
+        # storage cannot hold up everybody else's reads (Python's default has 6 threads on 2 cores).
         io_threads = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="dispatch-io")
         asyncio.get_running_loop().set_default_executor(io_threads)
         try:

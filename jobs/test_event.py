@@ -3,9 +3,9 @@ consumer's callback URL, made synchronously while the operator waits.
 
 It goes the way every webhook goes: jobs/outgoing.py builds the request (broker headers, consumer
 token, Standard Webhooks signatures with every active secret, jobs/signing.py) and the
-dispatcher's sender sends it (jobs/senders.py: the address guard, no redirects, a response
-excerpt), with BROKER_DELIVERY_TIMEOUT_SECONDS capped at 10 s. So a test that passes says that
-deliveries will pass, signatures included.
+dispatcher's sender sends it (jobs/delivery.py's `open_sender`: the address guard, no redirects,
+a response excerpt), with BROKER_DELIVERY_TIMEOUT_SECONDS capped at 10 s. So a test that passes
+says that deliveries will pass, signatures included.
 
 A test event is not a channel message: it creates no Message, Job or DeliveryAttempt, counts in
 no statistics, and neither opens nor closes the consumer's circuit. The operator sees the outcome;
@@ -25,10 +25,9 @@ from django.utils import timezone
 
 from broker.conf import broker_settings
 from consumers.models import Consumer
-from jobs.delivery import AttemptResult, DeliveryRequest
+from jobs.delivery import AttemptResult, DeliveryRequest, open_sender
 from jobs.outgoing import build_request
 from jobs.queue import OutgoingMessage
-from jobs.senders import open_sender
 
 logger = logging.getLogger(__name__)
 

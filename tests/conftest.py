@@ -121,13 +121,6 @@ def installed_broker(tmp_path_factory):
     return install_wheel(tmp_path_factory.mktemp("installed"))
 
 
-@pytest.fixture(params=["libcurl", "aiohttp"])
-def http_client(request, settings):
-    """Each HTTP client that can send deliveries (BROKER_DISPATCH_HTTP_CLIENT), in turn."""
-    settings.BROKER_DISPATCH_HTTP_CLIENT = request.param
-    return request.param
-
-
 @pytest.fixture(params=["postgres", "portable"])
 def backend(request, monkeypatch):
     """The job queue's operations on one implementation (tests/queue/test_queue.py): PostgreSQL's

@@ -11,9 +11,8 @@ from collections.abc import Callable
 
 from broker.models import Channel
 from consumers.models import Consumer
-from jobs.delivery import AttemptResult, DeliveryRequest
+from jobs.delivery import AttemptResult, DeliveryRequest, open_sender
 from jobs.dispatch import Dispatcher
-from jobs.senders import open_sender
 from tests.helpers import make_consumer
 
 

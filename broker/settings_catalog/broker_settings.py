@@ -9,7 +9,6 @@ from broker.settings_catalog.setting import BROKER, GATEWAY, RATE_LIMIT, Setting
 
 GATEWAY_AUTH_MODES = ("none", "hmac")
 EVENT_LOOPS = ("asyncio", "uvloop")
-HTTP_CLIENTS = ("libcurl", "aiohttp")
 PRODUCER_CHANNEL_RULES = ("open", "bound")
 
 
@@ -60,12 +59,6 @@ class BrokerSettings(SettingGroup, section=BROKER):
         "asyncio",
         "the dispatcher's event loop: `asyncio` (the standard library's) or `uvloop` (libuv; no"
         " steady gain measured in the drain, docs/performance.md)",
-    )
-    BROKER_DISPATCH_HTTP_CLIENT = Setting(
-        Choice(HTTP_CLIENTS),
-        "libcurl",
-        "what sends push deliveries: `libcurl` (pycurl; less CPU per delivery, docs/performance.md)"
-        " or `aiohttp`; both keep every guarantee of docs/dispatcher.md",
     )
     BROKER_CONSUMER_TOKEN_HEADER = Setting(
         Text(),

@@ -44,7 +44,6 @@ EXPECTED_KINDS = {
     "BROKER_ALLOW_PRIVATE_CALLBACKS": Flag(),
     "BROKER_DELIVERY_TIMEOUT_SECONDS": Integer(minimum=1),
     "BROKER_DISPATCH_EVENT_LOOP": Choice(("asyncio", "uvloop")),
-    "BROKER_DISPATCH_HTTP_CLIENT": Choice(("libcurl", "aiohttp")),
     "BROKER_CONSUMER_TOKEN_HEADER": Text(),
     "BROKER_DELIVERY_USER_AGENT": Text(),
     "BROKER_RATIONAL_DELAY_SECONDS": Integer(minimum=0),

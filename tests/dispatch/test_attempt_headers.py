@@ -1,5 +1,5 @@
 """What an attempt keeps of its headers (docs/delivery.md, "Attempts"): those its request was sent
-with and those of the final answer, from both HTTP clients against real receivers on loopback,
+with and those of the final answer, from libcurl against real receivers on loopback,
 recorded by both queue implementations; every secret masked before anything holds it, and
 bounded."""
 
@@ -24,10 +24,10 @@ from jobs.delivery import (
     AttemptResult,
     DeliveryRequest,
     kept_headers,
+    open_sender,
 )
 from jobs.header_masking import MASK, masked_headers
 from jobs.models import DeliveryAttempt
-from jobs.senders import open_sender
 from tests.delivery import push_consumer, run_once
 from tests.receiver import Reply
 
@@ -44,11 +44,11 @@ def one_retry(settings):
     settings.BROKER_DELIVERY_TIMEOUT_SECONDS = 2
 
 
-# --- recorded by the dispatcher, through each client and each queue implementation -----------
+# --- recorded by the dispatcher, through each queue implementation ----------------------------
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("http_client", "backend")
+@pytest.mark.usefixtures("backend")
 @pytest.mark.parametrize("status", [503, 404], ids=["unavailable", "refused"])
 def test_a_failed_attempt_keeps_the_headers_sent_and_received_with_secrets_masked(
     channel, receiver, dispatcher, status
@@ -89,7 +89,7 @@ def test_a_failed_attempt_keeps_the_headers_sent_and_received_with_secrets_maske
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("http_client", "backend")
+@pytest.mark.usefixtures("backend")
 def test_a_delivered_attempt_keeps_no_headers(channel, receiver, dispatcher):
     """What an operator reads to find out why is a failure's; a 2xx's would cost every delivery."""
     push_consumer(channel, receiver)
@@ -105,7 +105,7 @@ def test_a_delivered_attempt_keeps_no_headers(channel, receiver, dispatcher):
 
 
 def test_an_attempt_without_an_answer_keeps_the_request_headers_alone(
-    db, channel, receiver, dispatcher, http_client
+    db, channel, receiver, dispatcher
 ):
     consumer = push_consumer(channel, receiver)
     consumer.callback_url = f"http://127.0.0.1:{closed_port()}/hook"
@@ -160,7 +160,7 @@ def closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-# --- what each client reads of an answer -----------------------------------------------------
+# --- what libcurl reads of an answer ---------------------------------------------------------
 
 
 HEADERS = {"Content-Type": "application/json", "webhook-signature": "v1,c2lnbmF0dXJl"}
@@ -175,7 +175,6 @@ def send(url: str) -> AttemptResult:
     return asyncio.run(run())
 
 
-@pytest.mark.usefixtures("http_client")
 def test_only_the_final_answer_headers_are_kept():
     """Interim answers (100 Continue, 103 Early Hints) before it and a chunked body's trailers
     after it have header lines too: libcurl hands them all to its header callback."""
@@ -200,7 +199,6 @@ def test_only_the_final_answer_headers_are_kept():
     )
 
 
-@pytest.mark.usefixtures("http_client")
 def test_a_flood_of_answer_headers_is_kept_within_its_bound(receiver):
     flood = {f"X-Flood-{n:03}": "f" * 60 for n in range(80)}
     receiver.replies["/hook"] = Reply(500, {"X-Huge": "h" * 5000, **flood})

@@ -11,10 +11,9 @@ from datetime import timedelta
 import pytest
 
 from broker import publish
-from jobs.delivery import AttemptResult
+from jobs.delivery import AttemptResult, open_sender
 from jobs.dispatch import Dispatcher
 from jobs.models import Job
-from jobs.senders import open_sender
 from jobs.states import QUEUED
 from tests.delivery import push_consumer
 from tests.receiver import Reply
@@ -31,7 +30,7 @@ def send_as_the_loop_does(dispatcher: Dispatcher, requests) -> list[AttemptResul
     return asyncio.run(all_of_them())
 
 
-def test_each_job_goes_no_earlier_than_its_slot(channel, receiver, dispatcher, http_client):
+def test_each_job_goes_no_earlier_than_its_slot(channel, receiver, dispatcher):
     push_consumer(channel, receiver, max_per_second=4)
     for n in range(6):
         publish(channel, f"m-{n}".encode(), producer="shop", message_id=f"m-{n}")

@@ -1,8 +1,7 @@
-"""Each HTTP client that can send deliveries (jobs/senders.py: libcurl, aiohttp), against real
-receivers on loopback: the same results for the same requests, and the same guarantees (address
-guard at connect time, no redirects, timeout, bounded read, keep-alive, no credentials carried
-from one request to the next, HTTPS verified, streamed offloaded payloads, the "headers were
-sent" signal)."""
+"""The sender of deliveries (jobs/delivery.py's `open_sender`, over libcurl) against real
+receivers on loopback: its results and its guarantees (address guard at connect time, no
+redirects, timeout, bounded read, keep-alive, no credentials carried from one request to the
+next, HTTPS verified, streamed offloaded payloads, the "headers were sent" signal)."""
 
 from __future__ import annotations
 
@@ -18,11 +17,14 @@ import pytest
 import trustme
 
 from broker import payloads
-from jobs.delivery import RESPONSE_EXCERPT_BYTES, AttemptResult, DeliveryRequest, StoredBody
-from jobs.senders import open_sender
+from jobs.delivery import (
+    RESPONSE_EXCERPT_BYTES,
+    AttemptResult,
+    DeliveryRequest,
+    StoredBody,
+    open_sender,
+)
 from tests.receiver import Receiver, Reply
-
-pytestmark = pytest.mark.usefixtures("http_client")
 
 HEADERS = {
     "Content-Type": "application/json",
@@ -264,9 +266,6 @@ def tls_receiver(authority: trustme.CA, *names: str) -> Receiver:
     return Receiver(tls=context).start()
 
 
-# aiohttp reads the trusted authorities once, when it is imported: it is covered by the refusals
-# below, and by every HTTPS delivery the broker made with it before libcurl.
-@pytest.mark.parametrize("http_client", ["libcurl"], indirect=True)
 def test_https_is_delivered_when_its_certificate_is_trusted(authority, monkeypatch):
     """The authorities trusted are Python's ssl module's, SSL_CERT_FILE included."""
     with authority.cert_pem.tempfile() as ca_file:
@@ -284,7 +283,7 @@ def test_https_is_delivered_when_its_certificate_is_trusted(authority, monkeypat
 @pytest.mark.parametrize("names", [("127.0.0.1",), ("hooks.example.com",)], ids=["ca", "name"])
 def test_https_with_an_untrusted_certificate_sends_nothing(authority, names):
     """An authority nobody trusts; or a trusted-looking certificate for another name (its
-    authority is equally unknown here, so the name check is what aiohttp and libcurl share)."""
+    authority is equally unknown here)."""
     receiver = tls_receiver(authority, *names)
     sent: list[int] = []
     try:
@@ -298,7 +297,7 @@ def test_https_with_an_untrusted_certificate_sends_nothing(authority, names):
 
 
 def test_a_header_value_beyond_ascii_goes_out_in_utf8(receiver):
-    """A kept metadata header may hold any text: both clients send it as UTF-8."""
+    """A kept metadata header may hold any text: it is sent as UTF-8."""
 
     async def run() -> AttemptResult:
         async with open_sender(1) as sender:

@@ -2,12 +2,11 @@
 
 tests/reliability/test_callback_safety.py proves the address policy function by function. Here the
 same hostile targets go through the doors a user has: the consumer API (create and update), the seed
-loader, and finally each HTTP client the dispatcher can send with (jobs/senders.py: aiohttp's
-session with `SafeResolver`, libcurl's multi handle with its connect-time guard) against a real
-receiver on 127.0.0.1 — which stands for every internal service an attacker would like to reach.
-Names "resolve" through a fake getaddrinfo (for libcurl, which has its own resolver, the same
-answers are pinned with CURLOPT_RESOLVE); the receiver counts what arrives, so a guard that let
-anything through fails the test.
+loader, and finally the dispatcher's sender (libcurl's multi handle with its connect-time guard,
+jobs/curl_delivery.py) against a real receiver on 127.0.0.1 — which stands for every internal
+service an attacker would like to reach. Names "resolve" through a fake getaddrinfo (libcurl has
+its own resolver: for it the same answers are pinned with CURLOPT_RESOLVE); the receiver counts
+what arrives, so a guard that let anything through fails the test.
 """
 
 from __future__ import annotations
@@ -20,13 +19,11 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from broker import publish
-from broker.conf import broker_settings
 from consumers.models import Consumer
 from jobs.curl_delivery import curl_post
-from jobs.delivery import AttemptResult, DeliveryRequest, deliver
+from jobs.delivery import AttemptResult, DeliveryRequest, deliver, open_sender
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
-from jobs.senders import open_sender
 from jobs.states import DELIVERED, QUEUED
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.db_snapshot import snapshot
@@ -105,7 +102,7 @@ MATRIX = [
     ("http://{name}/", "a name resolving to 10.0.0.7"),
     ("http://{name}:8080/", "a name resolving to 10.0.0.7, with a port"),
     ("https://{name}/", "https to the same name"),
-    # Parser confusion: the host is what aiohttp would connect to
+    # Parser confusion: the host is what an HTTP client would connect to
     ("http://hooks.example.com@127.0.0.1/", "userinfo before a loopback host"),
     ("http://user:pass@169.254.169.254/", "credentials to metadata"),
     ("http://①②⑦.0.0.1/", "full-width digits"),
@@ -186,13 +183,13 @@ def test_the_seed_loader_refuses_a_private_callback_and_loads_nothing(guarded, d
 
 
 def dispatch_step(dns: FakeDNS | None = None) -> list[AttemptResult]:
-    """Claim, deliver through the configured client as `Dispatcher.run` does, record. libcurl
-    resolves names itself: `dns`'s answers are pinned for it."""
+    """Claim, deliver as `Dispatcher.run` does, record. libcurl resolves names itself: `dns`'s
+    answers are pinned for it."""
     dispatcher = Dispatcher(DispatcherConfig(dispatcher_id="ssrf-test"))
     requests = dispatcher.claim(50)
 
     async def send_all() -> list[AttemptResult]:
-        if dns is not None and broker_settings.BROKER_DISPATCH_HTTP_CLIENT == "libcurl":
+        if dns is not None:
             async with curl_post(50, pinned=pins(dns, requests)) as post:
                 return list(await asyncio.gather(*(deliver(post, r, 2.0) for r in requests)))
         async with open_sender(50) as send:
@@ -223,7 +220,6 @@ def consumer_at(channel, consumer_id: str, url: str) -> Consumer:
     return consumer
 
 
-@pytest.mark.usefixtures("http_client")
 def test_a_name_rebound_to_loopback_after_creation_gets_nothing(
     client, guarded, dns, channel, receiver
 ):
@@ -244,7 +240,6 @@ def test_a_name_rebound_to_loopback_after_creation_gets_nothing(
     assert DeliveryAttempt.objects.get().error_class == "unsafe-callback"
 
 
-@pytest.mark.usefixtures("http_client")
 def test_the_same_delivery_arrives_when_private_callbacks_are_allowed(
     settings, dns, channel, receiver
 ):
@@ -273,7 +268,6 @@ STORED_TARGETS = [
 
 
 @pytest.mark.parametrize("template", STORED_TARGETS)
-@pytest.mark.usefixtures("http_client")
 def test_a_private_url_already_stored_is_refused_at_delivery(
     guarded, dns, channel, receiver, template
 ):
@@ -287,7 +281,6 @@ def test_a_private_url_already_stored_is_refused_at_delivery(
     assert result.error_class == "unsafe-callback", result.error
 
 
-@pytest.mark.usefixtures("http_client")
 def test_metadata_literals_are_refused_before_any_connection(guarded, channel):
     for number, url in enumerate(
         [
@@ -306,7 +299,6 @@ def test_metadata_literals_are_refused_before_any_connection(guarded, channel):
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
-@pytest.mark.usefixtures("http_client")
 def test_redirects_are_not_followed(settings, channel, receiver, status):
     """A receiver cannot bounce the payload to an internal address: a 3xx is a failed attempt.
 
@@ -323,9 +315,8 @@ def test_redirects_are_not_followed(settings, channel, receiver, status):
     assert Job.objects.get().status == QUEUED
 
 
-@pytest.mark.usefixtures("http_client")
 def test_an_environment_proxy_is_not_used(guarded, dns, channel, receiver, monkeypatch):
-    """A proxy resolves names itself, out of the guard's sight: the session ignores HTTP_PROXY."""
+    """A proxy resolves names itself, out of the guard's sight: the sender ignores HTTP_PROXY."""
     for variable in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
         monkeypatch.setenv(variable, receiver.url("/"))
     dns[PRIVATE_NAME] = ["10.0.0.7"]

@@ -630,7 +630,7 @@ def test_a_test_event_to_a_closed_port_shows_a_connection_error(staff_client, bi
     assert result["status_code"] is None
     assert result["error_class"] == "connection"
     assert "no response" in page.content.decode()
-    # The HTTP client's own words (jobs/senders.py): libcurl by default.
+    # libcurl's own words (jobs/curl_delivery.py).
     assert "Test event failed: curl error 7: Failed to connect" in page.content.decode()
 
 

@@ -149,8 +149,7 @@ class Command(BaseCommand):
     async def _run(self, dispatcher: Dispatcher) -> None:
         loop = asyncio.get_running_loop()
         loop_name = type(loop).__module__.split(".")[0]
-        client = broker_settings.BROKER_DISPATCH_HTTP_CLIENT
-        self.stdout.write(f"event loop: {loop_name}, HTTP client: {client}")
+        self.stdout.write(f"event loop: {loop_name}")
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(stop_signal, dispatcher.stop)
         listener = asyncio.create_task(
