@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-MAX_LENGTH = 255
 EVENT_TYPE = re.compile(r"[A-Za-z0-9_.:-]{1,255}")
 _PATTERN = re.compile(r"\*|[A-Za-z0-9_.:-]{1,254}\*?")
 MAX_PATTERNS = 100

@@ -90,11 +90,6 @@ def parse(traceparent: str | None, tracestate: str | None = None) -> TraceContex
     return TraceContext(f"00-{trace_id}-{parent_id}-{flags}", _tracestate(tracestate))
 
 
-def from_headers(headers: Mapping[str, str]) -> TraceContext | None:
-    """The trace context of a request's headers (Django's `request.headers`)."""
-    return parse(headers.get(TRACEPARENT), headers.get(TRACESTATE))
-
-
 def _tracestate(value: str | None) -> str:
     members = [member.strip(" \t") for member in (value or "").split(",")]
     members = [member for member in members if member]

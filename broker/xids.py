@@ -22,7 +22,6 @@ import secrets
 import socket
 import time
 
-XID_LENGTH = 20
 _RAW_LENGTH = 12
 _PADDING = "===="  # 12 bytes are 20 base32 characters, padded to 24
 _SHAPE = re.compile(r"[0-9a-v]{20}\Z")

@@ -6,7 +6,6 @@ The package itself knows nothing of Django; this wrapper only translates the set
 
 from __future__ import annotations
 
-import shutil
 from argparse import ArgumentTypeError
 from datetime import datetime
 from typing import Any
@@ -17,17 +16,6 @@ from django.db import connection
 from broker import payloads
 from broker.conf import broker_settings
 from spark_etl import MISSING_PYSPARK, pyspark_installed
-
-
-def spark_available() -> bool:
-    """Can this machine run the pipeline: pyspark, Java and the JDBC driver."""
-    from pathlib import Path
-
-    from spark_etl.config import DEFAULT_JDBC_JAR
-
-    return (
-        pyspark_installed() and shutil.which("java") is not None and Path(DEFAULT_JDBC_JAR).exists()
-    )
 
 
 def _moment(text: str) -> datetime:
