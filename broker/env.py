@@ -4,8 +4,7 @@ The variables themselves are declared, and parsed, in `broker/settings_catalog/`
 there). These helpers keep Django's contract for code that configures Django: every one fails
 loudly with ImproperlyConfigured naming the variable and the bad value, instead of falling back
 silently, since a typo in production configuration must stop the process at start-up, not change
-behaviour quietly. Secrets also accept a `NAME_FILE` variant pointing at a file (Docker and
-Kubernetes secrets); the error messages never echo a secret's value.
+behaviour quietly. (Secrets, with their `NAME_FILE` variants, are settings of the catalog.)
 """
 
 from __future__ import annotations
@@ -36,48 +35,21 @@ def _improperly_configured() -> Iterator[None]:
         raise ImproperlyConfigured(str(exc)) from None
 
 
-def _read(name: str, kind: catalog.Kind[T], default: T, *, secret: bool = False) -> T:
+def _read(name: str, kind: catalog.Kind[T], default: T) -> T:
     with _improperly_configured():
-        return catalog.read_variable(os.environ, name, kind, default, secret=secret)
+        return catalog.read_variable(os.environ, name, kind, default)
 
 
 def env_str(name: str, default: str) -> str:
     return _read(name, catalog.Text(), default)
 
 
-def env_secret(name: str, default: str) -> str:
-    """A secret from NAME, or from the file named by NAME_FILE (never both)."""
-    return _read(name, catalog.Text(), default, secret=True)
-
-
-def env_secret_list(name: str) -> list[str]:
-    """Comma-separated secrets (tokens, keys) from NAME or NAME_FILE."""
-    return _read(name, catalog.Items(), [], secret=True)
-
-
 def env_bool(name: str, default: bool) -> bool:
     return _read(name, catalog.Flag(), default)
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    """One of `choices` (compared in lower case); anything else stops start-up."""
-    return _read(name, catalog.Choice(choices), default)
-
-
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
-    return _read(name, catalog.Integer(minimum=minimum), default)
-
-
-def env_float(name: str, default: float, *, minimum: float, maximum: float) -> float:
-    return _read(name, catalog.Number(minimum=minimum, maximum=maximum), default)
-
-
 def env_list(name: str, default: list[str]) -> list[str]:
     return _read(name, catalog.Items(), default)
-
-
-def env_int_list(name: str, default: list[int], *, minimum: int = 0) -> list[int]:
-    return _read(name, catalog.Integers(minimum=minimum), default)
 
 
 def _server_setting(setting: catalog.Setting[T]) -> T:

@@ -167,9 +167,11 @@ def test_values_from_the_environment(environ, name, expected):
             {"BROKER_DELIVERY_TIMEOUT_SECONDS": "0"},
             "BROKER_DELIVERY_TIMEOUT_SECONDS=0 must be at least 1.",
         ),
+        ({"BROKER_RETRY_JITTER": "abc"}, "BROKER_RETRY_JITTER='abc' is not a number."),
         ({"BROKER_RETRY_JITTER": "1.5"}, "BROKER_RETRY_JITTER=1.5 must be between 0.0 and 1.0."),
         ({"BROKER_OPEN_ADMIN_API": "maybe"}, "BROKER_OPEN_ADMIN_API='maybe' is not a boolean"),
         ({"BROKER_GATEWAY_AUTH_MODE": "sha"}, "BROKER_GATEWAY_AUTH_MODE='sha' is not one of"),
+        ({"BROKER_RETRY_DELAYS": "30,x"}, "BROKER_RETRY_DELAYS must be comma-separated integers."),
         ({"BROKER_RETRY_DELAYS": "30,-5"}, "BROKER_RETRY_DELAYS: every value must be at least 0"),
     ],
 )
@@ -196,6 +198,15 @@ def test_secret_from_a_file_and_never_in_a_message(tmp_path):
     assert tokens == ["from-file-token"]
     assert "inline-token" not in str(error.value)
     assert "from-file-token" not in str(error.value)
+
+
+def test_an_unreadable_secret_file_is_named_and_nothing_secret_echoed(tmp_path):
+    missing = str(tmp_path / "missing")
+
+    with pytest.raises(ConfigError, match="DJANGO_SECRET_KEY_FILE: cannot read") as error:
+        ServerEnvironment.DJANGO_SECRET_KEY.from_environment({"DJANGO_SECRET_KEY_FILE": missing})
+
+    assert "\n" not in str(error.value)
 
 
 def test_a_secret_setting_cannot_have_a_kind_that_fails_with_its_value():

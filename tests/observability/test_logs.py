@@ -14,12 +14,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 
 from broker import publish
-from broker.env import env_choice
-from broker.logs import LOG_FORMATS, TEXT_FORMAT, json_formatter, logging_config
+from broker.logs import TEXT_FORMAT, json_formatter, logging_config
 from broker.models import Message
+from broker.settings_catalog import ConfigError, ServerEnvironment
 from jobs.models import Job
 from jobs.states import DELIVERED, INFLIGHT
 from tests import ROOT
@@ -73,14 +72,13 @@ def as_json(record: logging.LogRecord) -> dict[str, Any]:
 # --- the format ----------------------------------------------------------------------------------
 
 
-def test_the_log_format_is_text_or_json(monkeypatch):
-    monkeypatch.setenv("BROKER_LOG_FORMAT", " JSON ")
-    assert env_choice("BROKER_LOG_FORMAT", "text", LOG_FORMATS) == "json"
-    monkeypatch.delenv("BROKER_LOG_FORMAT")
-    assert env_choice("BROKER_LOG_FORMAT", "text", LOG_FORMATS) == "text"
-    monkeypatch.setenv("BROKER_LOG_FORMAT", "xml")
-    with pytest.raises(ImproperlyConfigured, match="BROKER_LOG_FORMAT='xml' is not one of"):
-        env_choice("BROKER_LOG_FORMAT", "text", LOG_FORMATS)
+def test_the_log_format_is_text_or_json():
+    log_format = ServerEnvironment.BROKER_LOG_FORMAT
+
+    assert log_format.from_environment({"BROKER_LOG_FORMAT": " JSON "}) == "json"
+    assert log_format.from_environment({}) == "text"
+    with pytest.raises(ConfigError, match="BROKER_LOG_FORMAT='xml' is not one of"):
+        log_format.from_environment({"BROKER_LOG_FORMAT": "xml"})
 
 
 def test_a_bad_log_format_stops_the_process_naming_the_variable():
