@@ -181,9 +181,6 @@ class Job(models.Model):
     def mark_delivered(self) -> None:
         self.move(INFLIGHT, DELIVERED, lease_expires_at=None, last_error="")
 
-    def retry_later(self, due_at: datetime, error: str) -> None:
-        self.move(INFLIGHT, QUEUED, next_attempt_at=due_at, lease_expires_at=None, last_error=error)
-
     def mark_dead(self, reason: str) -> None:
         self.move(INFLIGHT, DEAD, lease_expires_at=None, last_error=reason)
 

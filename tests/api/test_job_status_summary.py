@@ -21,7 +21,7 @@ from broker.api.messages import _message_counts
 from broker.models import Message
 from consumers.models import Consumer
 from jobs.models import Job, JobStatusSummary
-from jobs.queue import release_due_messages, take_for_pull
+from jobs.queue import OutcomeReport, release_due_messages, report_pull_outcomes, take_for_pull
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from jobs.status_summary import (
     LOCK_ID,
@@ -114,7 +114,7 @@ def test_a_fresh_broker_shows_every_status_exactly_at_once(client, worker):
     [retried] = jobs_of(worker, QUEUED, T0)
     with time_machine.travel(T0 + 4 * HOUR, tick=False):
         take_for_pull(retried)
-        retried.retry_later(T0 + 5 * HOUR, "HTTP 503")
+        report_pull_outcomes(worker, [OutcomeReport(retried.public_id, QUEUED, 3600, "HTTP 503")])
     jobs_of(worker, QUEUED, T0 + 4 * HOUR)
 
     assert job_status(client) == {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 import time_machine
@@ -119,16 +119,6 @@ def test_delivered_clears_lease_and_error():
     job.mark_delivered()
 
     assert (job.status, job.lease_expires_at, job.last_error) == (DELIVERED, None, "")
-
-
-def test_retry_later_queues_with_backoff_and_keeps_the_error():
-    job = make_job(INFLIGHT, attempts=1)
-    due = timezone.now() + timedelta(minutes=5)
-
-    job.retry_later(due, "HTTP 503")
-
-    assert (job.status, job.next_attempt_at, job.last_error) == (QUEUED, due, "HTTP 503")
-    assert job.attempts == 1
 
 
 def test_mark_dead_records_the_reason():
