@@ -5,7 +5,8 @@ once (index, field, message).
 What the wire has and `publish()` does not is checked here: the JSON types, `payload` (text) or
 `payload_base64` (bytes), RFC 3339 for `scheduled_for` and the header's minimum delay. The rest
 (IDs, priority range, metadata headers, sizes) is `publish()`'s own check, run on every message by
-broker/publishing_batch.py.
+broker/publishing_batch.py. An item's fields are declared once, by `BatchItemSerializer`, which
+the OpenAPI schema shows.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import binascii
 from datetime import datetime
 from typing import Any
 
-from rest_framework import status
+from rest_framework import serializers, status
 
 from broker.api.errors import ApiError
 from broker.conf import broker_settings
@@ -24,24 +25,55 @@ from broker.publishing_batch import BatchMessage, ItemError, TooManyMessages
 from broker.scheduling import parse_rfc3339, require_min_delay
 from broker.storable_text import read_json
 
-FIELDS = frozenset(
-    {
-        "id",
-        "payload",
-        "payload_base64",
-        "content_type",
-        "priority",
-        "headers",
-        "ordering_key",
-        "scheduled_for",
-        "traceparent",
-        "tracestate",
-        "event_type",
-    }
+
+# An item of `messages`, the one declaration of its fields: the OpenAPI schema shows it, and the
+# reading below takes their names and types from it (FIELDS, TEXT_FIELDS). The serializer never
+# validates: the reading names every item's problems by index and field, in the API's own words.
+# (No docstring: the schema would show it.)
+class BatchItemSerializer(serializers.Serializer[Any]):
+    id = serializers.CharField(required=False, help_text="unique per channel; generated if absent")
+    payload = serializers.CharField(
+        required=False, help_text="the payload as text (stored as UTF-8); or payload_base64"
+    )
+    payload_base64 = serializers.CharField(
+        required=False, help_text="the payload's bytes in base64 (binary payloads); or payload"
+    )
+    content_type = serializers.CharField(
+        required=False,
+        help_text="default text/plain; charset=utf-8 (payload), application/octet-stream "
+        "(payload_base64)",
+    )
+    priority = serializers.IntegerField(required=False, help_text="higher first (default 0)")
+    headers = serializers.DictField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="metadata headers to replay on delivery (the X-Broker-Metadata-Headers rules)",
+    )
+    ordering_key = serializers.CharField(required=False)
+    scheduled_for = serializers.DateTimeField(
+        required=False,
+        help_text="RFC 3339; at least BROKER_MIN_SCHEDULE_DELAY_SECONDS away: a scheduled message",
+    )
+    traceparent = serializers.CharField(required=False, help_text="W3C trace context")
+    tracestate = serializers.CharField(required=False)
+    event_type = serializers.CharField(
+        required=False,
+        help_text="the event type (as X-Broker-Event-Type): only subscribed consumers get it",
+    )
+
+
+_ITEM_FIELDS = BatchItemSerializer().fields
+FIELDS = frozenset(_ITEM_FIELDS)
+# One of the two, each checked in its own way (_payload).
+PAYLOAD_FIELDS = ("payload", "payload_base64")
+# The other strings, checked alike, in the order declared.
+TEXT_FIELDS = tuple(
+    name
+    for name, field in _ITEM_FIELDS.items()
+    if type(field) is serializers.CharField and name not in PAYLOAD_FIELDS
 )
 # A text payload is stored as its UTF-8 bytes, which may hold NUL; every other text may not.
 BINARY_FIELDS = frozenset({"messages[].payload"})
-TEXT_FIELDS = ("id", "content_type", "ordering_key", "traceparent", "tracestate", "event_type")
 # publish()'s names for the fields whose names differ on the wire.
 WIRE_NAMES = {"message_id": "id"}
 _PLACEHOLDER = BatchMessage(payload=b"")  # stands for an item already refused here

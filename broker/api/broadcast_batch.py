@@ -23,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from broker.api.batch_items import parse_items, read_batch, wire_error
+from broker.api.batch_items import BatchItemSerializer, parse_items, read_batch, wire_error
 from broker.api.broadcast import HEADERS, authenticate, producer_id_of
 from broker.api.errors import ApiError
 from broker.api.serializers import ErrorSerializer
@@ -39,38 +39,6 @@ from broker.ratelimit import OverBurst, given_back_if_not_stored, take_broadcast
 from broker.schema_allowance import metered
 
 TOKEN_HEADERS = HEADERS[:3]  # channel token, producer ID, producer token
-
-
-class BatchItemSerializer(serializers.Serializer[Any]):
-    id = serializers.CharField(required=False, help_text="unique per channel; generated if absent")
-    payload = serializers.CharField(
-        required=False, help_text="the payload as text (stored as UTF-8); or payload_base64"
-    )
-    payload_base64 = serializers.CharField(
-        required=False, help_text="the payload's bytes in base64 (binary payloads); or payload"
-    )
-    content_type = serializers.CharField(
-        required=False,
-        help_text="default text/plain; charset=utf-8 (payload), application/octet-stream "
-        "(payload_base64)",
-    )
-    priority = serializers.IntegerField(required=False, help_text="higher first (default 0)")
-    headers = serializers.DictField(
-        child=serializers.CharField(),
-        required=False,
-        help_text="metadata headers to replay on delivery (the X-Broker-Metadata-Headers rules)",
-    )
-    ordering_key = serializers.CharField(required=False)
-    scheduled_for = serializers.DateTimeField(
-        required=False,
-        help_text="RFC 3339; at least BROKER_MIN_SCHEDULE_DELAY_SECONDS away: a scheduled message",
-    )
-    traceparent = serializers.CharField(required=False, help_text="W3C trace context")
-    tracestate = serializers.CharField(required=False)
-    event_type = serializers.CharField(
-        required=False,
-        help_text="the event type (as X-Broker-Event-Type): only subscribed consumers get it",
-    )
 
 
 class BroadcastBatchSerializer(serializers.Serializer[Any]):

@@ -424,4 +424,16 @@ def test_the_schema_describes_the_batch(client):
     assert "application/json" in operation["requestBody"]["content"]
     assert {"201", "400", "401", "403", "404", "409", "413", "429"} <= set(operation["responses"])
     item = schema["components"]["schemas"]["BatchItemRequest"]["properties"]
-    assert {"id", "payload", "payload_base64", "priority", "headers", "scheduled_for"} <= set(item)
+    assert set(item) == {
+        "id",
+        "payload",
+        "payload_base64",
+        "content_type",
+        "priority",
+        "headers",
+        "ordering_key",
+        "scheduled_for",
+        "traceparent",
+        "tracestate",
+        "event_type",
+    }
