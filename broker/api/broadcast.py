@@ -23,7 +23,7 @@ from broker.parsing import parse_int
 from broker.publishing import ProducerNotAllowed, PublishError, check_keepable, publish
 from broker.ratelimit import configured_limit, given_back_if_not_stored, take_broadcast
 from broker.scheduling import parse_rfc3339, require_min_delay
-from broker.schema_allowance import metered
+from broker.schema_allowance import metered, refuse_if_in_debt
 from broker.tokens import hash_token
 from jobs.queue import TokenDigests
 from jobs.queue.rules import producer_may_publish_sql, producer_rule_parameters
@@ -99,7 +99,10 @@ class BroadcastView(APIView):
     )
     def post(self, request: Request, channel_id: str) -> Response:
         producer_id = producer_id_of(request)
-        if configured_limit() is not None or _typed(request) or not _small_body(request):
+        typed = "X-Broker-Event-Type" in request.headers  # its payload may have a schema
+        if typed:
+            refuse_if_in_debt(producer_id)  # OverAllowance: 429 with Retry-After
+        if configured_limit() is not None or typed or not _small_body(request):
             # Tokens first, in a query of their own: so nobody can spend a producer's allowance
             # (of broadcasts, of schema checking) without its token, and a body to offload is
             # read and stored, or one of a typed message checked, only once they match.
@@ -141,11 +144,6 @@ def _publish(
     kind = "message" if scheduled_for is None else "scheduled-message"
     location = f"/channel/{channel_id}/{kind}/{message.public_id}"
     return Response(status=status.HTTP_201_CREATED, headers={"Location": location})
-
-
-def _typed(request: Request) -> bool:
-    """Whether the message names an event type, whose schema may have its payload checked."""
-    return "X-Broker-Event-Type" in request.headers
 
 
 def _event_type(request: Request) -> str | None:

@@ -224,7 +224,7 @@ class BrokerSettings(SettingGroup, section=BROKER):
     )
     BROKER_SCHEMA_STEPS_PER_SECOND = Setting(
         Integer(minimum=0),
-        100_000,
+        50_000,
         'steps of schema checking (docs/api.md, "Event type catalogue") each web process'
         " does per second for one producer, sustained; `0` turns the allowance off",
         section=RATE_LIMIT,

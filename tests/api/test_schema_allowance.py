@@ -141,3 +141,13 @@ def test_the_allowance_off_and_publish_in_process_are_not_metered(
     for _ in range(60):
         publish("orders", COSTLY, producer="shop", event_type="list")
     assert schema_allowance.ALLOWANCES._due == {}
+
+
+def test_a_producer_in_debt_is_refused_without_a_round_trip(
+    client, unique_type, clock, django_assert_num_queries
+):
+    while broadcast(client, COSTLY).status_code == 201:
+        pass
+    with django_assert_num_queries(0):  # a flood of them costs the database nothing
+        assert broadcast(client, COSTLY).status_code == 429
+        assert broadcast(client, COSTLY, token="wrong").status_code == 429
