@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 
+from broker import embedded_postgres
 from broker.conf import broker_settings
 from broker.crypto import cipher
 
@@ -51,3 +52,21 @@ def check_payload_storage(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
             )
         ]
     return []
+
+
+@register()
+def check_embedded_postgres(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    """Without DATABASE_URL the store is the embedded server of the data directory, which only
+    runbroker starts: a command run while it is stopped is told so, not "connection refused"."""
+    directory = settings.EMBEDDED_POSTGRES_DIR
+    if directory is None or embedded_postgres.running_url(directory):
+        return []
+    return [
+        Error(
+            f"DATABASE_URL is not set, and the embedded PostgreSQL server of {directory} is not "
+            "running.",
+            hint="Start the broker in this directory with `manage.py runbroker` (it starts the "
+            "server; other commands then use it), or set DATABASE_URL=postgres://...",
+            id="broker.E003",
+        )
+    ]

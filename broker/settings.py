@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from broker import embedded_postgres
 from broker.env import READ_REPLICA, database_settings, read_replica_settings
 from broker.gateway_auth import check_mode as check_gateway_mode
 from broker.logs import logging_config
@@ -15,8 +16,8 @@ from broker.settings_catalog import BrokerSettings, ServerEnvironment
 # WSGI/ASGI modules turn into one line.
 _env = ServerEnvironment.from_environment(os.environ)
 
-# What the broker writes (payload files, collected static files, like the default SQLite file) goes
-# under the directory it runs in, never into the installed package.
+# What the broker writes (payload files, collected static files, the embedded PostgreSQL's data)
+# goes under the directory it runs in, never into the installed package.
 DATA_DIR = Path.cwd()
 
 SECRET_KEY = _env.DJANGO_SECRET_KEY
@@ -87,9 +88,17 @@ TEMPLATES = [
     },
 ]
 
+# Without DATABASE_URL, the store is the embedded PostgreSQL server of postgres/ in DATA_DIR
+# (broker/embedded_postgres.py): `manage.py runbroker` starts it and gives its URL to its
+# processes; other commands use it while it runs, and the check broker.E003 says how to start it
+# when it does not.
+EMBEDDED_POSTGRES_DIR = None if _env.DATABASE_URL else DATA_DIR / "postgres"
+_database_url = _env.DATABASE_URL
+if EMBEDDED_POSTGRES_DIR is not None:
+    _database_url = embedded_postgres.url_for_settings(EMBEDDED_POSTGRES_DIR)
 # The store, with its connection pool, prepared statements and JIT off on PostgreSQL
 # (broker/env.py, docs/configuration.md).
-DATABASES = {"default": database_settings(_env.DATABASE_URL)}
+DATABASES = {"default": database_settings(_database_url)}
 if _env.BROKER_READ_DATABASE_URL:
     # Reads that may be a moment old go to a streaming replica: the router sends a request's
     # reads there when the middleware has marked the request as one that only reads

@@ -37,10 +37,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if connection.vendor == "postgresql":
+        skip_disruptive_tests_off_the_machines_server(items)
         return
     skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
     for item in items:
         if item.get_closest_marker("postgres"):
+            item.add_marker(skip)
+
+
+def skip_disruptive_tests_off_the_machines_server(items: list[pytest.Item]) -> None:
+    """The `disruptive` tests stop and restart the machine's PostgreSQL (pg_ctlcluster): they mean
+    something only when the tests' database is on it, not on the session's embedded server."""
+    address = (connection.settings_dict["HOST"], str(connection.settings_dict["PORT"]))
+    if address == ("127.0.0.1", "5432"):
+        return
+    skip = pytest.mark.skip(
+        reason="restarts the machine's PostgreSQL: run with "
+        "DATABASE_URL=postgres://postgres@127.0.0.1:5432/broker"
+    )
+    for item in items:
+        if item.get_closest_marker("disruptive"):
             item.add_marker(skip)
 
 

@@ -1,7 +1,9 @@
-"""Test settings: the broker's own, against PostgreSQL unless DATABASE_URL says otherwise.
+"""Test settings: the broker's own, on the server of DATABASE_URL, or without it on an embedded
+PostgreSQL server of the test process's own (tests/embedded_database.py).
 
-The README's test command therefore needs no environment: it uses the local PostgreSQL that the
-machine (and .ci/run) provide. `DATABASE_URL=sqlite:///test.sqlite3 pytest` runs on SQLite.
+The README's test command therefore needs no environment and no PostgreSQL installed.
+`DATABASE_URL=postgres://postgres@127.0.0.1:5432/broker pytest` runs on the machine's server
+(as .ci/run does once); `DATABASE_URL=sqlite:///test.sqlite3 pytest` runs on SQLite.
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/broker")
+if not os.environ.get("DATABASE_URL"):
+    from tests.embedded_database import start_session_server
+
+    # In the environment: the broker processes that tests start use it too.
+    os.environ["DATABASE_URL"] = start_session_server()
 os.environ.setdefault("BROKER_ALLOW_PRIVATE_CALLBACKS", "true")  # receivers run on loopback
 if "BROKER_PAYLOAD_DIR" not in os.environ:
     # Offloaded payloads of a test run never land in the project's payloads/; subprocesses that

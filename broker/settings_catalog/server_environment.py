@@ -7,7 +7,8 @@ from __future__ import annotations
 from broker.settings_catalog.kinds import Choice, Flag, Integer, Items, Number, Text
 from broker.settings_catalog.setting import BROKER, READ_REPLICA, STORE, Setting, SettingGroup
 
-DEFAULT_DATABASE_URL = "sqlite:///broker.sqlite3"
+# Unset: the embedded PostgreSQL server of postgres/ (broker/settings.py).
+DEFAULT_DATABASE_URL = ""
 # Flagged by `manage.py check --deploy` (security.W009) because of its prefix: never run with it.
 INSECURE_DEFAULT_SECRET_KEY = "django-insecure-webhook-broker-development-key-do-not-deploy"  # noqa: S105
 LOG_FORMATS = ("text", "json")
@@ -25,7 +26,9 @@ class ServerEnvironment(SettingGroup, section=STORE):
         "the store. `sqlite:///relative.db`, `sqlite:////absolute/path.db`, or"
         " `postgres://user:password@host:port/name?option=value` (query options such as"
         " `sslmode=require` go to libpq; `postgres:///name` uses the local socket)."
-        " Other schemes are refused",
+        " Other schemes are refused. Unset: the embedded PostgreSQL server of `postgres/`"
+        " ([below](#the-embedded-postgresql-server))",
+        shown_default="the embedded PostgreSQL server",
     )
     DATABASE_POOL = Setting(
         Flag(),

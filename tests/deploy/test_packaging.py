@@ -15,6 +15,7 @@ import zipfile
 
 import pytest
 
+from tests.embedded_database import delete_embedded_server
 from tests.processes import free_port, kill_if_running, wait_until
 
 
@@ -121,9 +122,13 @@ def test_the_installed_broker_runs_with_its_ui_from_the_package(installed_broker
             check=True,
         )
         assert result.stdout.strip().startswith(str(installed_broker.venv))
-        assert (tmp_path / "broker.sqlite3").exists()
+        # Without DATABASE_URL: the embedded PostgreSQL, in the directory the broker runs in.
+        assert "Database   PostgreSQL on 127.0.0.1:" in log.read_text()
+        assert (tmp_path / "postgres" / "PG_VERSION").exists()
         assert (tmp_path / "staticfiles" / "ui" / "ui.css").exists()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
+        assert not (tmp_path / "postgres" / "postmaster.pid").exists()  # stopped, last
     finally:
         kill_if_running(process)
+        delete_embedded_server(tmp_path / "postgres")

@@ -1,5 +1,6 @@
 """`manage.py runbroker` (the README's run command) and the README's quick start, as a user runs
-them: real processes in a directory of their own, on the embedded SQLite database."""
+them: real processes in a directory of their own, without DATABASE_URL: on the embedded PostgreSQL
+server that runbroker starts in postgres/ there, and stops last."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 from tests import ROOT
 from tests.clock import skip_if_moved
+from tests.embedded_database import delete_embedded_server
 from tests.processes import free_port, group_is_running, kill_if_running, wait_until
 
 README = ROOT / "README.md"
@@ -47,11 +49,14 @@ def clone(tmp_path):
     (tmp_path / ".venv").symlink_to(sys.prefix)
     for name in ("manage.py", "docs"):
         (tmp_path / name).symlink_to(ROOT / name)
-    return tmp_path
+    yield tmp_path
+    delete_embedded_server(tmp_path / "postgres")  # left running if a test killed runbroker
 
 
-def start_runbroker(clone: Path, *arguments: str) -> tuple[subprocess.Popen[str], Path]:
-    log = clone / "runbroker.log"
+def start_runbroker(
+    clone: Path, *arguments: str, log_name: str = "runbroker.log"
+) -> tuple[subprocess.Popen[str], Path]:
+    log = clone / log_name
     environment = {
         key: value
         for key, value in os.environ.items()
@@ -109,6 +114,8 @@ class TestRunbroker:
             assert f"Bearer token: {token}" in output
             assert token_file.stat().st_mode & 0o077 == 0  # its owner's only
             assert set(pids_of(log)) == {"web", "dispatch", "housekeeping"}
+            assert "Database   PostgreSQL on 127.0.0.1:" in output
+            assert (clone / "postgres" / "PG_VERSION").exists()
 
             # The dispatcher runs: a broadcast reaches the receiver.
             call_api(port, "PUT", "/channel/c", token, token="ct")
@@ -138,6 +145,8 @@ class TestRunbroker:
             assert not [name for name, pid in pids.items() if group_is_running(pid)]
             for name in pids:
                 assert f"{name} stopped (exit code 0)" in log.read_text()
+            # The embedded server stopped too, after them.
+            assert not (clone / "postgres" / "postmaster.pid").exists()
         finally:
             kill_if_running(process)
 
@@ -153,6 +162,13 @@ class TestRunbroker:
                 shown = token in log.read_text()
                 assert shown if run == 0 else not shown
                 assert "Bearer token: in " in log.read_text() or run == 0
+                if run == 0:  # a second runbroker in the same directory stops at once
+                    second, second_log = start_runbroker(
+                        clone, "--bind", f"127.0.0.1:{free_port()}", log_name="second.log"
+                    )
+                    assert second.wait(timeout=60) == 1
+                    assert "another process" in second_log.read_text()
+                    assert answers(f"http://127.0.0.1:{port}/_status")  # the first runs on
                 process.send_signal(signal.SIGINT)
                 assert process.wait(timeout=60) == 0
             finally:

@@ -5,6 +5,9 @@ broker is made of (web server, push dispatcher, housekeeping) and supervises the
 shown line by line with the process's name, Ctrl-C or SIGTERM stops all of them gracefully, and
 when one of them ends by itself the others are stopped too, so a half-running broker never goes
 unnoticed. Production runs the same processes under its own supervisor (docs/deploy.md).
+
+Without DATABASE_URL it first starts the embedded PostgreSQL server of postgres/ in the directory
+it runs in (broker/embedded_postgres.py), gives its URL to every process, and stops it last.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 import broker
 from broker import gunicorn_conf
 from broker.conf import broker_settings
+from broker.embedded_postgres import EmbeddedPostgres, EmbeddedPostgresError
+from broker.env import database_settings
 from broker.models import ApiKey
 from broker.supervisor import Supervisor
 from broker.tokens import hash_token
@@ -36,8 +42,11 @@ FIRST_KEY_NAME = "runbroker: first admin token"
 class Command(BaseCommand):
     help = (
         "Run the whole broker: web server, push dispatcher and housekeeping, started together and "
-        "stopped together on Ctrl-C or SIGTERM. Migrates first."
+        "stopped together on Ctrl-C or SIGTERM. Migrates first. Without DATABASE_URL, on the "
+        "embedded PostgreSQL server of ./postgres, started first and stopped last."
     )
+    # The system checks run in handle(), once the store they may need (E003) is running.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -69,12 +78,25 @@ class Command(BaseCommand):
         _require_module("gunicorn", "the web server")
         if options["housekeeping"]:
             _require_module("django_q", "housekeeping")
+        # Until the supervisor takes over, SIGTERM and SIGHUP interrupt as Ctrl-C does, so that
+        # the embedded server started below is stopped on the way out too.
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.default_int_handler)
+        embedded = start_embedded_postgres(settings.EMBEDDED_POSTGRES_DIR)
+        try:
+            self.check()
+            self._run(options, embedded)
+        finally:
+            if embedded is not None:
+                embedded.stop()  # last: every process that used it has stopped
+
+    def _run(self, options: dict[str, Any], embedded: EmbeddedPostgres | None) -> None:
         quiet = {"verbosity": 0, "stdout": io.StringIO()}
         call_command("migrate", interactive=False, **quiet)
         call_command("collectstatic", interactive=False, **quiet)
         if options["housekeeping"]:
             call_command("install_schedules", **quiet)
-        self.stdout.write(self._banner(options["bind"]))
+        self.stdout.write(self._banner(options["bind"], embedded))
         supervisor = Supervisor(_processes(options), self._write_line, options["stop_seconds"])
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: terminal closed
             signal.signal(signum, lambda *_: supervisor.request_stop())
@@ -86,7 +108,7 @@ class Command(BaseCommand):
         self.stdout.write(line)
         self.stdout.flush()  # piped output too shows each line as it comes
 
-    def _banner(self, bind: str) -> str:
+    def _banner(self, bind: str, embedded: EmbeddedPostgres | None) -> str:
         base = f"http://{bind}"
         lines = [
             "",
@@ -97,12 +119,31 @@ class Command(BaseCommand):
             f"  Admin      {base}/admin/",
             f"  Admin API  {first_admin_token()}",
         ]
+        if embedded is not None:
+            address = embedded.url.split("@", 1)[1]  # not the password: it is in the directory
+            lines.append(f"  Database   PostgreSQL on {address}, in {embedded.directory}")
         if broker_settings.BROKER_ALLOW_PRIVATE_CALLBACKS:
             lines.append(
                 "  Note       BROKER_ALLOW_PRIVATE_CALLBACKS is on: callbacks may reach this "
                 "machine and private networks"
             )
         return "\n".join([*lines, "Ctrl-C stops everything.", ""])
+
+
+def start_embedded_postgres(directory: Path | None) -> EmbeddedPostgres | None:
+    """Without DATABASE_URL (`directory` set): the embedded server started, and its URL given to
+    this process's settings (nothing has connected yet) and, through the environment, to the
+    processes it starts."""
+    if directory is None:
+        return None
+    server = EmbeddedPostgres(directory)
+    try:
+        url = server.start()
+    except EmbeddedPostgresError as exc:
+        raise CommandError(f"the embedded PostgreSQL: {exc}") from None
+    os.environ["DATABASE_URL"] = url
+    settings.DATABASES["default"].update(database_settings(url))
+    return server
 
 
 def _require_module(module: str, purpose: str) -> None:
