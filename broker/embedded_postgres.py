@@ -83,8 +83,8 @@ class EmbeddedPostgres:
             port = _port_if_running(data) or self._start_server(data)
             self.url = _url(port, _read_password(data))
             _create_database(self.url)
-        except BaseException:
-            self._release_lock()
+        except BaseException:  # interrupted too (Ctrl-C while it starts): no server left behind
+            self.stop()
             raise
         return self.url
 

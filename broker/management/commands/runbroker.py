@@ -82,10 +82,13 @@ class Command(BaseCommand):
         # the embedded server started below is stopped on the way out too.
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.default_int_handler)
-        embedded = start_embedded_postgres(settings.EMBEDDED_POSTGRES_DIR)
+        embedded = None
         try:
+            embedded = start_embedded_postgres(settings.EMBEDDED_POSTGRES_DIR)
             self.check()
             self._run(options, embedded)
+        except KeyboardInterrupt:
+            raise CommandError("interrupted while starting", returncode=130) from None
         finally:
             if embedded is not None:
                 embedded.stop()  # last: every process that used it has stopped
