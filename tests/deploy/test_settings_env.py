@@ -100,3 +100,18 @@ def test_broker_settings_fall_back_to_defaults_in_a_host_project(settings):
     assert broker_settings.BROKER_RETRY_JITTER == 0.5
     with pytest.raises(AttributeError):
         broker_settings.BROKER_TYPO  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_a_default_database_other_than_postgresql_is_a_system_error(monkeypatch):
+    from django.db import connections
+
+    from broker.checks import check_database
+
+    assert check_database(None) == []
+
+    # A host project's own DATABASES (docs/outbox.md): the broker's queue is PostgreSQL's SQL.
+    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
+
+    [error] = check_database(None)
+    assert error.id == "broker.E003"
+    assert "PostgreSQL" in error.msg
