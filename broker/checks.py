@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
@@ -22,7 +22,7 @@ def check_encryption_keys(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
     return []
 
 
-@register(Tags.database)
+@register()
 def check_database(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     """The broker's store is PostgreSQL: its queue is SQL of PostgreSQL's (jobs/queue/). A host
     project of the outbox (docs/outbox.md) sets DATABASES itself, so say so before a publish
@@ -32,8 +32,9 @@ def check_database(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
         return [
             Error(
                 f"The broker's database is PostgreSQL; DATABASES['default'] is {engine}.",
-                hint="Use django.db.backends.postgresql (the broker's own settings:"
-                " DATABASE_URL=postgres://user:password@host:5432/name).",
+                hint="Set DATABASE_URL=postgres://user:password@host:5432/name (the broker's own"
+                " settings; SQLite, its former default, is no longer supported), or use"
+                " django.db.backends.postgresql in a host project's DATABASES.",
                 id="broker.E003",
             )
         ]

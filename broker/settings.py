@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from broker.env import READ_REPLICA, database_settings, read_replica_settings
 from broker.gateway_auth import check_mode as check_gateway_mode
@@ -87,9 +88,14 @@ TEMPLATES = [
     },
 ]
 
-# The store, with its connection pool, prepared statements and JIT off on PostgreSQL
-# (broker/env.py, docs/configuration.md).
-DATABASES = {"default": database_settings(_env.DATABASE_URL)}
+# The store, PostgreSQL, with its connection pool, prepared statements and JIT off (broker/env.py,
+# docs/configuration.md). DATABASE_URL unset: its default is still a SQLite file, which the broker
+# no longer runs on (issue 37). The settings load all the same (mypy, collectstatic, `manage.py
+# help`); what uses the database is refused: broker.E003 in the system checks, Django's dummy
+# backend on a query.
+DATABASES: dict[str, dict[str, Any]] = {"default": {"ENGINE": "django.db.backends.dummy"}}
+if "DATABASE_URL" in os.environ:
+    DATABASES["default"] = database_settings(_env.DATABASE_URL)
 if _env.BROKER_READ_DATABASE_URL:
     # Reads that may be a moment old go to a streaming replica: the router sends a request's
     # reads there when the middleware has marked the request as one that only reads

@@ -33,7 +33,6 @@ SHOW_JIT = (
         ("postgres://db/broker?options=-c%20work_mem%3D8MB", None, "-c work_mem=8MB -c jit=off"),
         ("postgres://db/broker", "server", None),
         ("postgres://db/broker?options=-c%20work_mem%3D8MB", "server", "-c work_mem=8MB"),
-        ("sqlite:///broker.sqlite3", None, None),  # SQLite has no JIT
     ],
 )
 def test_the_connection_options(monkeypatch, url, mode, options):

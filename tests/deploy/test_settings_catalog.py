@@ -346,10 +346,7 @@ def test_manage_py_stops_with_one_line_on_a_bad_value(command):
             {"DATABASE_URL": "postgres:///x", "BROKER_READ_DATABASE_URL": "postgres://r:5/"},
             "BROKER_READ_DATABASE_URL for PostgreSQL needs a database name.",
         ),
-        (
-            {"BROKER_READ_DATABASE_URL": "postgres://u:hunter2@replica/broker"},
-            "BROKER_READ_DATABASE_URL is a streaming replica of DATABASE_URL's PostgreSQL server",
-        ),
+        ({"DATABASE_URL": "sqlite:///hunter2.sqlite3"}, "DATABASE_URL is a sqlite:// URL"),
         (
             {"DJANGO_SECRET_KEY": "hunter2", "DJANGO_SECRET_KEY_FILE": "/hunter2"},
             "Set either DJANGO_SECRET_KEY or DJANGO_SECRET_KEY_FILE",
@@ -363,6 +360,25 @@ def test_other_start_up_errors_are_one_line_too(variables, line):
     assert result.stderr.startswith(f"configuration error: {line}")
     assert result.stderr.count("\n") == 1
     assert "hunter2" not in result.stderr
+
+
+def test_without_database_url_the_system_checks_refuse_the_former_sqlite_default():
+    """DATABASE_URL's default is still a SQLite file: the settings load, the checks refuse it."""
+    environment = operator_environment()
+    del environment["DATABASE_URL"]
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 1
+    assert "broker.E003" in result.stderr
+    assert "DATABASE_URL=postgres://" in result.stderr
 
 
 def test_gunicorn_stops_with_one_line_on_a_bad_value(tmp_path):

@@ -41,9 +41,6 @@ def test_list_parses_commas(monkeypatch):
 @pytest.mark.parametrize(
     ("url", "engine", "name"),
     [
-        ("sqlite:///broker.sqlite3", "django.db.backends.sqlite3", "broker.sqlite3"),
-        ("sqlite:////var/lib/broker.db", "django.db.backends.sqlite3", "/var/lib/broker.db"),
-        ("sqlite://:memory:", "django.db.backends.sqlite3", ":memory:"),
         ("postgres://u:p%40ss@db.internal:6432/broker", "django.db.backends.postgresql", "broker"),
         ("postgresql:///broker", "django.db.backends.postgresql", "broker"),
     ],
@@ -62,18 +59,11 @@ def test_postgres_url_parts_and_options():
     assert database["OPTIONS"]["sslmode"] == "require"
 
 
-def test_sqlite_uses_wal_and_immediate_transactions():
-    options = parse_database_url("sqlite:///x.sqlite3")["OPTIONS"]
-
-    assert options["transaction_mode"] == "IMMEDIATE"
-    assert "journal_mode=WAL" in options["init_command"]
-
-
 @pytest.mark.parametrize(
     ("url", "message"),
     [
         ("mysql://root@localhost/broker", "scheme 'mysql' is not supported"),
-        ("sqlite://", "needs a file"),
+        ("sqlite:///broker.sqlite3", "store is PostgreSQL, and SQLite is no longer supported"),
         ("postgres://localhost", "needs a database name"),
         ("postgres://localhost:99999/broker", "invalid port"),
     ],

@@ -25,7 +25,14 @@ from tests import ROOT
 from tests.api_server import running_api
 from tests.delivery import push_consumer, run_once, send
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
-from tests.processes import kill_if_running, run_manage, start_dispatcher, stop, wait_until
+from tests.processes import (
+    NEVER_CONNECTED,
+    kill_if_running,
+    run_manage,
+    start_dispatcher,
+    stop,
+    wait_until,
+)
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -394,7 +401,7 @@ def test_python_json_logger_is_only_loaded_for_json():
         "import logging; logging.getLogger('x').info('hello')\n"
         "print('pythonjsonlogger' in sys.modules)\n"
     )
-    environment = {**os.environ, "DATABASE_URL": "sqlite:///unused.sqlite3"}
+    environment = {**os.environ, "DATABASE_URL": NEVER_CONNECTED}
     environment["DJANGO_SETTINGS_MODULE"] = "broker.settings"
     for log_format, loaded in [("text", "False"), ("json", "True")]:
         result = subprocess.run(

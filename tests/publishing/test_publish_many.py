@@ -203,7 +203,7 @@ def test_a_failure_while_inserting_jobs_leaves_no_message(channel):
     make_consumer(channel, "billing")
     doomed = make_consumer(channel, "doomed")
     with connection.cursor() as cursor:
-        for statement in REFUSE_JOB_TRIGGER[connection.vendor]:
+        for statement in REFUSE_JOB_TRIGGER:
             cursor.execute(statement.format(consumer_id=doomed.pk))
 
     with pytest.raises(DatabaseError, match="job insert refused"):
