@@ -4,7 +4,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
-from django.db import connection
 
 from tests import clock
 
@@ -33,15 +32,6 @@ def pytest_configure(config: pytest.Config) -> None:
         ahead.start()
         config.add_cleanup(ahead.stop)
         clock.moved_ahead = True
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if connection.vendor == "postgresql":
-        return
-    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
-    for item in items:
-        if item.get_closest_marker("postgres"):
-            item.add_marker(skip)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

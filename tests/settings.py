@@ -1,7 +1,7 @@
 """Test settings: the broker's own, against PostgreSQL unless DATABASE_URL says otherwise.
 
 The README's test command therefore needs no environment: it uses the local PostgreSQL that the
-machine (and .ci/run) provide. `DATABASE_URL=sqlite:///test.sqlite3 pytest` runs on SQLite.
+machine (and .ci/run) provide.
 """
 
 from __future__ import annotations

@@ -290,7 +290,6 @@ def test_a_job_the_lease_sweep_took_back_is_not_delivered(client, worker, lease_
     assert status_of(job) == QUEUED
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_sweep_that_comes_while_the_report_holds_the_job_skips_it_and_moves_nothing(
     channel, worker, monkeypatch

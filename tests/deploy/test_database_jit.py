@@ -99,13 +99,11 @@ def server_jit() -> str:
     return " ".join(row)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_broker_connection_has_jit_off_by_default():
     assert broker_jit() == "off client"
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_with_server_a_broker_connection_keeps_the_servers_setting():
     assert broker_jit(DATABASE_JIT="server") == server_jit()

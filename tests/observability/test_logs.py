@@ -224,7 +224,6 @@ def test_a_message_s_trace_id_is_on_its_lines(channel, receiver, dispatcher, del
     assert deliveries()[0].trace_id == trace_id
 
 
-@pytest.mark.postgres  # SQLite stores what PostgreSQL refuses
 def test_each_recorded_attempt_logs_once_when_a_batch_is_recorded_again_one_by_one(
     channel, receiver, dispatcher, deliveries
 ):
@@ -347,7 +346,6 @@ def json_lines(output: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_web_process_logs_one_json_access_line_per_request_and_gunicorn_none():
     with running_api(BROKER_LOG_FORMAT="json") as server:
@@ -371,7 +369,6 @@ def test_the_web_process_logs_one_json_access_line_per_request_and_gunicorn_none
     assert all(text.startswith("{") for text in about_it)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_dispatcher_process_logs_json_lines(receiver):
     make_producer()

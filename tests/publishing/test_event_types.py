@@ -170,7 +170,6 @@ def test_an_invalid_event_type_is_refused_and_nothing_stored(channel):
     assert not Message.objects.exists()
 
 
-@pytest.mark.postgres
 @given(
     patterns=st.lists(
         st.sampled_from(["*", "a", "a.*", "a.b", "a.b*", "b.*", "ab", "a*", "b"]), max_size=4

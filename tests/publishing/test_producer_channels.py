@@ -148,7 +148,6 @@ def test_bound_a_refused_publish_leaves_the_callers_transaction_usable(bound):
     assert stored() == [("orders", "m-1"), ("orders", "m-3")]
 
 
-@pytest.mark.postgres
 def test_bound_costs_the_publish_no_extra_round_trip(bound):
     """One statement checks channel, producer and the producer's right, and inserts (the test's
     own transaction adds a savepoint around it, as a caller's would)."""

@@ -252,7 +252,6 @@ def test_a_duplicate_inside_a_callers_transaction_leaves_it_usable(channel):
 # --- waking the dispatchers ----------------------------------------------------------------------
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_wakes_the_dispatchers_once_and_a_scheduled_one_not_at_all():
     channel = make_channel()

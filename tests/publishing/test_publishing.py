@@ -195,7 +195,6 @@ def test_a_duplicate_inside_a_callers_transaction_leaves_it_usable(channel):
     assert set(Message.objects.values_list("public_id", flat=True)) == {"order-1", "order-2"}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_publishers_of_one_id_get_exactly_one_message():
     channel = make_channel()

@@ -178,7 +178,6 @@ def test_which_answers_throttle_a_consumer(channel, status, retry_after, held_fo
     assert outcome.throttle_until == expected
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_skips_a_consumer_another_claim_is_booking_without_waiting(channel):
     """While one dispatcher's claim holds the paced consumer's row, another claim takes nothing

@@ -18,7 +18,7 @@ from jobs.states import DELIVERED, QUEUED
 from tests.helpers import make_consumer
 from tests.queue.test_queue import publish
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 DAY = timedelta(days=1)
 NOW = datetime(2031, 3, 10, 12, tzinfo=UTC)  # the jobs' creation, and the claim's time
 CARRIED = NOW + 2 * DAY  # where retention carried them: a newer partition than their creation's

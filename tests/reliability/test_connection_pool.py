@@ -92,7 +92,6 @@ def test_a_connection_age_with_the_pool_is_refused(monkeypatch):
 # --- a pool that is used up ---------------------------------------------------------------
 
 
-@pytest.mark.postgres
 @needs_the_pool
 @pytest.mark.django_db(transaction=True)
 def test_a_request_that_finds_the_pool_used_up_gets_503(client, settings, monkeypatch):
@@ -126,7 +125,6 @@ def _report_backend_pid(answer) -> None:
     answer.put(backend_pid())
 
 
-@pytest.mark.postgres
 @needs_the_pool
 @pytest.mark.django_db(transaction=True)
 def test_a_forked_process_does_not_share_its_parents_connections():
@@ -184,7 +182,6 @@ def broadcast(server: ApiServer, number: int) -> int:
     return server.request("POST", "/channel/orders/broadcast", b'{"n": 1}', headers).status
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_runserver_holds_no_more_connections_than_the_pool_under_concurrent_producers():
     make_consumer(make_channel())

@@ -13,7 +13,6 @@ from tests.spark.conftest import MISSING
 from tests.spark.history import make_history
 
 
-@pytest.mark.postgres
 @pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("etl_config")
