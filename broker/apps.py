@@ -41,7 +41,8 @@ def close_connection_pools() -> None:
         # Only a pool this process opened: asking Django for one (close_pool() does) would
         # open it. The forking thread's own connection is handed back first, or the child
         # would inherit its session. close_pool() is PostgreSQL's (Django 5.1); django-stubs
-        # does not know the pools yet.
+        # does not know the pools yet. The broker's own databases are PostgreSQL, but a host
+        # project (docs/outbox.md) may have others beside them, without pools.
         if wrapper.vendor == "postgresql" and wrapper.alias in type(wrapper)._connection_pools:  # type: ignore[attr-defined]
             wrapper.close()
             wrapper.close_pool()  # type: ignore[attr-defined]

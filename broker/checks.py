@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.checks import CheckMessage, Error, register
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 
 from broker import embedded_postgres
 from broker.conf import broker_settings
@@ -22,14 +23,20 @@ def check_encryption_keys(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
     return []
 
 
-@register(Tags.database, deploy=True)
-def check_production_database(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
-    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+@register()
+def check_database(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    """The broker's store is PostgreSQL: its queue is SQL of PostgreSQL's (jobs/queue/). A host
+    project of the outbox (docs/outbox.md) sets DATABASES itself, so say so before a publish
+    fails on it."""
+    if connection.vendor != "postgresql":
+        engine = settings.DATABASES["default"]["ENGINE"]
         return [
-            Warning(
-                "SQLite is the zero-setup store for a first run; use PostgreSQL in production.",
-                hint="Set DATABASE_URL=postgres://user:password@host:5432/name.",
-                id="broker.W001",
+            Error(
+                f"The broker's database is PostgreSQL; DATABASES['default'] is {engine}.",
+                hint="Set DATABASE_URL=postgres://user:password@host:5432/name (the broker's own"
+                " settings; SQLite, its former default, is no longer supported), or use"
+                " django.db.backends.postgresql in a host project's DATABASES.",
+                id="broker.E004",
             )
         ]
     return []

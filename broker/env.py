@@ -62,25 +62,22 @@ def parse_database_url(url: str, variable: str = "DATABASE_URL") -> dict[str, An
     URL's forms: settings_catalog)."""
     with _improperly_configured():
         parsed = catalog.parse_database_url(url, variable)
-    if parsed.engine == "sqlite":
-        return _sqlite_database(parsed.name)
     return _postgres_database(parsed)
 
 
 def database_settings(url: str, variable: str = "DATABASE_URL") -> dict[str, Any]:
     """A DATABASES entry for the URL in `variable`, with the store's connection settings: the
-    pool, the connections' age, and on PostgreSQL prepared statements and JIT."""
+    pool, the connections' age, prepared statements and JIT."""
     database = {**parse_database_url(url, variable), "CONN_HEALTH_CHECKS": True}
     # PostgreSQL: a connection pool per process, so that a process holds a bounded number of
     # connections whatever its threads do. Without it every thread keeps a connection of its own,
     # and `manage.py runserver`, a thread per HTTP connection, ran the server out of connections
     # ("too many clients", issue 14). See docs/configuration.md.
-    pool = database_pool(database["ENGINE"])
+    pool = database_pool()
     if pool:
         database["OPTIONS"]["pool"] = pool
     database["CONN_MAX_AGE"] = database_conn_max_age(pooled=pool is not None)
-    if database["ENGINE"] == POSTGRESQL:
-        database["OPTIONS"].update(_postgres_session_options(database["OPTIONS"]))
+    database["OPTIONS"].update(_postgres_session_options(database["OPTIONS"]))
     return database
 
 
@@ -120,25 +117,19 @@ def read_replica_settings(url: str, primary: dict[str, Any]) -> dict[str, Any]:
     """The DATABASES entry of BROKER_READ_DATABASE_URL, a streaming replica of `primary`
     (broker/db_routing.py routes reads there)."""
     replica = database_settings(url, "BROKER_READ_DATABASE_URL")
-    if not replica["ENGINE"] == primary["ENGINE"] == POSTGRESQL:
-        # SQLite has no replicas; a second SQLite file would only be another, stale database.
-        raise ImproperlyConfigured(
-            "BROKER_READ_DATABASE_URL is a streaming replica of DATABASE_URL's PostgreSQL"
-            " server: both must be postgres:// URLs."
-        )
     # The tests of a project with a replica run against the primary's test database alone.
     replica["TEST"] = {"MIRROR": "default"}
     return replica
 
 
-def database_pool(engine: str) -> dict[str, Any] | None:
+def database_pool() -> dict[str, Any] | None:
     """The options of a PostgreSQL connection pool per process (Django's OPTIONS["pool"]), or
-    None: SQLite has none, and DATABASE_POOL=false turns it off.
+    None: DATABASE_POOL=false turns it off.
 
     With a pool, a process holds at most DATABASE_POOL_MAX_SIZE connections whatever its
     threads do; a request waits up to DATABASE_POOL_TIMEOUT seconds for one of them.
     """
-    if not engine.endswith("postgresql") or not _server_setting(ServerEnvironment.DATABASE_POOL):
+    if not _server_setting(ServerEnvironment.DATABASE_POOL):
         return None
     timeout = _server_setting(ServerEnvironment.DATABASE_POOL_TIMEOUT)
     return {
@@ -172,20 +163,6 @@ def database_conn_max_age(pooled: bool) -> int:
             " replaces: unset it, or set DATABASE_POOL=false to use it."
         )
     return 0
-
-
-def _sqlite_database(name: str) -> dict[str, Any]:
-    return {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": name,
-        "OPTIONS": {
-            # IMMEDIATE takes the write lock when a transaction starts, so two writers cannot both
-            # read a job as QUEUED and then race to update it; WAL lets readers run meanwhile.
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        },
-    }
 
 
 def _postgres_database(parsed: catalog.DatabaseUrl) -> dict[str, Any]:

@@ -117,9 +117,7 @@ def given_back_if_not_stored(producer_id: str, count: int = 1) -> Iterator[None]
 
 def _take(producer_id: str, limit: Limit, now: float, cells: int = 1) -> bool:
     """One atomic step of the bucket for `cells` broadcasts; whether they are allowed."""
-    # The later of the stored time and now, written as CASE: every database has that (the
-    # function is GREATEST on PostgreSQL, MAX on SQLite).
-    later = f"CASE WHEN {TABLE}.tat > %(now)s THEN {TABLE}.tat ELSE %(now)s END"
+    later = f"greatest({TABLE}.tat, %(now)s)"  # the later of the stored time and now
     sql = (
         f"INSERT INTO {TABLE} (producer_id, tat) VALUES (%(producer)s, %(first)s)"  # noqa: S608
         f" ON CONFLICT (producer_id) DO UPDATE"

@@ -94,12 +94,9 @@ class Dispatcher:
         self._recording = 0  # results being recorded right now
         self.health = Health()  # what --health-port serves (jobs/health.py)
         # Two database threads (started on first use), each with its own connection, so that
-        # recording outcomes never holds up the next claim, where the database allows writers
-        # side by side; else one thread does both.
+        # recording outcomes never holds up the next claim.
         self._claimer = ThreadPoolExecutor(1, thread_name_prefix="dispatch-claim")
-        self._recorder = self._claimer
-        if queue.concurrent_writers():
-            self._recorder = ThreadPoolExecutor(1, thread_name_prefix="dispatch-record")
+        self._recorder = ThreadPoolExecutor(1, thread_name_prefix="dispatch-record")
 
     # --- steps: synchronous, one short transaction each --------------------------------------
 

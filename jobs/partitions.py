@@ -28,8 +28,8 @@ with a short lock timeout and tried again on the next run rather than queue writ
 Where `spark_etl archive` runs (`archive_owns_retention`), the archive drops old partitions
 instead, after copying them to Parquet, and retention here only carries queued jobs forward.
 
-SQLite keeps plain tables: every function here does nothing there. The SQL below is put together
-from the names of these two tables, their partitions and columns, never from input.
+The SQL below is put together from the names of these two tables, their partitions and columns,
+never from input.
 """
 
 from __future__ import annotations
@@ -94,13 +94,7 @@ class Partition:
     end: datetime
 
 
-def supported() -> bool:
-    return connection.vendor == "postgresql"
-
-
 def is_partitioned(table: Table) -> bool:
-    if not supported():
-        return False
     with connection.cursor() as cursor:
         cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table.name])
         row = cursor.fetchone()
@@ -166,8 +160,6 @@ def ensure_partitions(now: datetime, since: datetime | None = None) -> list[str]
     partition covers yet, on both tables; return their names. Each ends at the next span
     boundary or where an existing partition starts, so that a changed BROKER_PARTITION_DAYS
     leaves no gap. Rows the DEFAULT partition holds for the new ranges are moved into them."""
-    if not supported():
-        return []
     created = []
     for table in TABLES:
         existing = partitions(table)
@@ -342,8 +334,6 @@ def archive_owns_retention() -> bool:
     """Whether `spark_etl archive` runs on this database (each run registers itself in its
     watermark table; `install_schedules --no-spark` forgets it). Then the archive, not this
     module, drops old partitions: after copying them to Parquet."""
-    if not supported():
-        return False
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [WATERMARK])
         if not cursor.fetchone()[0]:

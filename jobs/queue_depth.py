@@ -18,11 +18,10 @@ a sum of per-consumer counts that stopped at their bound would be neither exact 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils.dateparse import parse_datetime
 
 from consumers.models import Consumer
 from jobs.models import Job
@@ -137,18 +136,10 @@ def next_due_times(consumer_id: int | None = None) -> dict[int, datetime | None]
         sql, parameters = f"{sql} WHERE c.id = %(consumer)s", {"consumer": consumer_id}
     with _reading().cursor() as cursor:
         cursor.execute(sql, parameters)
-        return {pk: _as_datetime(due) for pk, due in cursor.fetchall()}
+        return dict(cursor.fetchall())
 
 
 def _reading() -> BaseDatabaseWrapper:
     """The database these counts are read from: the read replica in a request that may read
     there (broker/db_routing.py), else the primary. Raw SQL is not routed by itself."""
     return connections[router.db_for_read(Job)]
-
-
-def _as_datetime(value: datetime | str | None) -> datetime | None:
-    # A raw query on SQLite gives the stored text (UTC); PostgreSQL an aware datetime.
-    if isinstance(value, str):
-        parsed = parse_datetime(value)
-        return parsed if parsed is None or parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return value

@@ -191,13 +191,12 @@ def _recount(start: datetime, end: datetime | None) -> int:
 
 def _lock() -> None:
     """Serialise refreshes: without it, two recounting the same minutes would both delete and
-    then both insert them. SQLite has one writer at a time anyway."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            # Waiting for the refresh that holds it is the point: no lock_timeout for this one
-            # (docs/configuration.md, "Lock timeouts"); it lasts as long as that refresh.
-            cursor.execute("SET LOCAL lock_timeout = 0")
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
+    then both insert them."""
+    with connection.cursor() as cursor:
+        # Waiting for the refresh that holds it is the point: no lock_timeout for this one
+        # (docs/configuration.md, "Lock timeouts"); it lasts as long as that refresh.
+        cursor.execute("SET LOCAL lock_timeout = 0")
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
 
 
 Key = tuple[int, datetime]  # (consumer ID, period start)
@@ -243,10 +242,6 @@ class MillisecondsBetween(Func):
     output_field = FloatField()
     arg_joiner = " - "
     template = "(CAST(EXTRACT(EPOCH FROM (%(expressions)s)) AS double precision) * 1000)"
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        template = "((julianday(%(expressions)s)) * 86400000.0)"
-        return self.as_sql(compiler, connection, template=template, arg_joiner=") - julianday(")
 
 
 def _latency_bucket_sql() -> Least:

@@ -12,8 +12,8 @@ vacuum and analyze, free to read):
 - DELIVERED: live while the jobs table holds fewer than BROKER_LIVE_COUNT_MAX_JOBS;
 - QUEUED, INFLIGHT, DEAD: live while the status's index holds fewer than
   BROKER_LIVE_COUNT_MAX_STATUS_JOBS.
-SQLite has no estimates (taken as 0): always live unless a limit is 0. A status due to come from
-a summary that was never refreshed (just after an upgrade) is counted live instead.
+A status due to come from a summary that was never refreshed (just after an upgrade) is counted
+live instead.
 
 `refresh_job_status_summary` (a housekeeping schedule) recounts every status of every consumer in
 one read of the table and replaces the summary in the same short transaction; each row says when
@@ -129,12 +129,9 @@ def _summary(statuses: list[JobStatus]) -> list[StatusCount]:
 
 def _estimated_rows(relations: list[str]) -> dict[str, float]:
     """PostgreSQL's estimate of the rows in each relation (a table or an index), summed over its
-    partitions if it is partitioned; 0 where it has none yet (never vacuumed nor analyzed) and
-    on SQLite."""
+    partitions if it is partitioned; 0 where it has none yet (never vacuumed nor analyzed)."""
     estimates = dict.fromkeys(relations, 0.0)
     reading = connections[router.db_for_read(Job)]
-    if reading.vendor != "postgresql":
-        return estimates
     with reading.cursor() as cursor:
         cursor.execute(_ESTIMATES_SQL, [relations])
         for name, rows in cursor.fetchall():
@@ -227,9 +224,7 @@ def refresh_job_status_summary() -> int | None:
 
 def _try_lock() -> bool:
     """Let one refresh run at a time: a second would read the whole table again for the same
-    figures. SQLite has one writer at a time anyway."""
-    if connection.vendor != "postgresql":
-        return True
+    figures."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [LOCK_ID])
         row = cursor.fetchone()

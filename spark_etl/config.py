@@ -43,11 +43,6 @@ class Database:
     def from_url(cls, url: str) -> Database:
         """postgres://user:password@host:port/name (the broker's DATABASE_URL)."""
         parsed = parse_database_url(url)
-        if parsed.engine != "postgresql":
-            # Not the URL itself, which may hold a password.
-            raise ConfigError(
-                f"DATABASE_URL must be a postgres:// URL for spark_etl, not {parsed.engine}"
-            )
         # JDBC needs a host and a port where libpq has defaults of its own.
         return cls(
             host=parsed.host or "127.0.0.1",

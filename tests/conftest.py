@@ -36,13 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if connection.vendor == "postgresql":
-        skip_disruptive_tests_off_the_machines_server(items)
-        return
-    skip = pytest.mark.skip(reason="needs PostgreSQL (set DATABASE_URL=postgres://...)")
-    for item in items:
-        if item.get_closest_marker("postgres"):
-            item.add_marker(skip)
+    skip_disruptive_tests_off_the_machines_server(items)
 
 
 def skip_disruptive_tests_off_the_machines_server(items: list[pytest.Item]) -> None:
@@ -135,20 +129,3 @@ def installed_broker(tmp_path_factory):
 
     skip_if_moved()
     return install_wheel(tmp_path_factory.mktemp("installed"))
-
-
-@pytest.fixture(params=["postgres", "portable"])
-def backend(request, monkeypatch):
-    """The job queue's operations on one implementation (tests/queue/test_queue.py): PostgreSQL's
-    statements (skipped on another database) or the portable ORM ones."""
-    from django.db import connection
-
-    from jobs.queue import backend
-    from jobs.queue.portable import PortableQueue
-    from jobs.queue.postgres import PostgresQueue
-
-    if request.param == "postgres" and connection.vendor != "postgresql":
-        pytest.skip("the PostgreSQL statements need PostgreSQL")
-    implementation = PostgresQueue() if request.param == "postgres" else PortableQueue()
-    monkeypatch.setattr(backend, "implementation", lambda: implementation)
-    return implementation

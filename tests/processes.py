@@ -49,11 +49,15 @@ def start_manage(*arguments: str, **environment_overrides: str) -> subprocess.Po
     )
 
 
+# A DATABASE_URL for processes that never reach the database (no such database exists).
+NEVER_CONNECTED = "postgres://postgres@127.0.0.1:5432/never_connected"
+
+
 def operator_environment(**variables: str) -> dict[str, str]:
     """The environment of a broker process started as an operator starts it: manage.py's own
-    settings (not tests.settings), a SQLite file that is never created unless `variables` set
+    settings (not tests.settings), a database that is never connected to unless `variables` set
     DATABASE_URL, and `variables`; for the errors of start-up."""
-    environment = {**os.environ, "DATABASE_URL": "sqlite:///never-created.sqlite3", **variables}
+    environment = {**os.environ, "DATABASE_URL": NEVER_CONNECTED, **variables}
     environment.pop("DJANGO_SETTINGS_MODULE", None)
     return environment
 

@@ -3,7 +3,7 @@ PostgreSQL server of the test process's own (tests/embedded_database.py).
 
 The README's test command therefore needs no environment and no PostgreSQL installed.
 `DATABASE_URL=postgres://postgres@127.0.0.1:5432/broker pytest` runs on the machine's server
-(as .ci/run does once); `DATABASE_URL=sqlite:///test.sqlite3 pytest` runs on SQLite.
+(as .ci/run does once).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from broker.settings_catalog.kinds import ConfigError
 
 @dataclass(frozen=True)
 class DatabaseUrl:
-    """DATABASE_URL's parts; empty strings and None where it says nothing (libpq's defaults)."""
+    """DATABASE_URL's parts (a PostgreSQL server's); empty strings and None where it says nothing
+    (libpq's defaults)."""
 
-    engine: str  # "sqlite" or "postgresql"
     name: str
     user: str = ""
     password: str = ""
@@ -23,25 +23,21 @@ class DatabaseUrl:
 
 
 def parse_database_url(url: str, variable: str = "DATABASE_URL") -> DatabaseUrl:
-    """`sqlite:///relative.sqlite3`, `sqlite:////absolute/path.sqlite3`, `sqlite://:memory:`, or
-    `postgres://user:password@host:port/name?sslmode=require`. Messages name `variable` (the
-    read replica's URL has the same forms) and never echo the URL, which may hold a password."""
+    """`postgres://user:password@host:port/name?sslmode=require` (or `postgresql://`). Messages
+    name `variable` (the read replica's URL has the same forms) and never echo the URL, which
+    may hold a password."""
     parts = urlsplit(url)
-    if parts.scheme == "sqlite":
-        return DatabaseUrl(engine="sqlite", name=_sqlite_name(parts, variable))
     if parts.scheme in {"postgres", "postgresql"}:
         return _postgres_url(parts, variable)
+    if parts.scheme == "sqlite":
+        raise ConfigError(
+            f"{variable} is a sqlite:// URL: the broker's store is PostgreSQL, and SQLite is no"
+            f" longer supported. Set {variable}=postgres://user:password@host:5432/name."
+        )
     raise ConfigError(
-        f"{variable} scheme {parts.scheme!r} is not supported (use sqlite:// or postgres://)."
+        f"{variable} scheme {parts.scheme!r} is not supported: the broker's store is PostgreSQL"
+        " (postgres://user:password@host:5432/name)."
     )
-
-
-def _sqlite_name(parts: SplitResult, variable: str) -> str:
-    if parts.netloc == ":memory:":
-        return ":memory:"
-    if parts.path.startswith("/") and len(parts.path) > 1:
-        return parts.path[1:]  # sqlite:///x.db -> "x.db"; sqlite:////abs/x.db -> "/abs/x.db"
-    raise ConfigError(f"{variable} for SQLite needs a file: sqlite:///broker.sqlite3")
 
 
 def _postgres_url(parts: SplitResult, variable: str) -> DatabaseUrl:
@@ -52,7 +48,6 @@ def _postgres_url(parts: SplitResult, variable: str) -> DatabaseUrl:
     except ValueError:
         raise ConfigError(f"{variable} has an invalid port.") from None
     return DatabaseUrl(
-        engine="postgresql",
         name=unquote(parts.path.strip("/")),
         user=unquote(parts.username or ""),
         password=unquote(parts.password or ""),

@@ -23,11 +23,10 @@ class ServerEnvironment(SettingGroup, section=STORE):
     DATABASE_URL = Setting(
         Text(),
         DEFAULT_DATABASE_URL,
-        "the store. `sqlite:///relative.db`, `sqlite:////absolute/path.db`, or"
-        " `postgres://user:password@host:port/name?option=value` (query options such as"
-        " `sslmode=require` go to libpq; `postgres:///name` uses the local socket)."
-        " Other schemes are refused. Unset: the embedded PostgreSQL server of `postgres/`"
-        " ([below](#the-embedded-postgresql-server))",
+        "the store, PostgreSQL 15+: `postgres://user:password@host:port/name?option=value`"
+        " (query options such as `sslmode=require` go to libpq; `postgres:///name` uses the"
+        " local socket). Other schemes, `sqlite://` among them, are refused. Unset: the"
+        " embedded PostgreSQL server of `postgres/` ([below](#the-embedded-postgresql-server))",
         shown_default="the embedded PostgreSQL server",
     )
     DATABASE_POOL = Setting(
@@ -35,7 +34,7 @@ class ServerEnvironment(SettingGroup, section=STORE):
         True,
         "PostgreSQL: a pool of connections per process, shared by its threads"
         " ([below](#database-connections)); `false`: a connection per thread, kept"
-        " `DATABASE_CONN_MAX_AGE` seconds. SQLite never has a pool",
+        " `DATABASE_CONN_MAX_AGE` seconds",
     )
     DATABASE_POOL_MAX_SIZE = Setting(
         Integer(minimum=2),
@@ -53,7 +52,7 @@ class ServerEnvironment(SettingGroup, section=STORE):
     DATABASE_CONN_MAX_AGE: Setting[int | None] = Setting(
         Integer(minimum=0),
         None,  # broker/env.py: 60 without the pool, and nothing but 0 with it
-        "only with `DATABASE_POOL=false` (or SQLite): seconds a thread keeps its connection"
+        "only with `DATABASE_POOL=false`: seconds a thread keeps its connection"
         " (0: a new one per request). With the pool, setting it is an error: Django allows no"
         " persistent connections with a pool",
         shown_default="`60` without the pool",

@@ -1,4 +1,4 @@
-"""Autovacuum settings for the jobs table (PostgreSQL only; docs/queue-design.md).
+"""Autovacuum settings for the jobs table (docs/queue-design.md).
 
 Every job is updated at least twice (QUEUED -> INFLIGHT -> DELIVERED), and no update can be HOT
 because the status is indexed, so each delivery leaves dead row versions and dead entries in the
@@ -19,14 +19,12 @@ SETTINGS = {
 
 
 def tune(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        options = ", ".join(f"{name} = {value}" for name, value in SETTINGS.items())
-        schema_editor.execute(f"ALTER TABLE jobs_job SET ({options})")
+    options = ", ".join(f"{name} = {value}" for name, value in SETTINGS.items())
+    schema_editor.execute(f"ALTER TABLE jobs_job SET ({options})")
 
 
 def untune(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE jobs_job RESET ({', '.join(SETTINGS)})")
+    schema_editor.execute(f"ALTER TABLE jobs_job RESET ({', '.join(SETTINGS)})")
 
 
 class Migration(migrations.Migration):

@@ -1,9 +1,9 @@
-"""Time partitions of jobs and attempts on PostgreSQL (jobs/partitions.py, docs/scaling.md).
+"""Time partitions of jobs and attempts (jobs/partitions.py, docs/scaling.md).
 
 A populated database is partitioned in place: its rows become each table's "initial" partition,
 so the migration builds two unique indexes and scans each table once, without blocking writes,
 then swaps the catalog in one short transaction; it copies nothing. Not atomic: CREATE INDEX
-CONCURRENTLY runs outside a transaction. Elsewhere (SQLite) only the column is added.
+CONCURRENTLY runs outside a transaction.
 """
 
 import django.db.models.deletion
@@ -16,8 +16,6 @@ from jobs.migrations._partition_in_place import partition_in_place
 
 
 def partition(apps, schema_editor):
-    if schema_editor.connection.vendor != "postgresql":
-        return
     now = timezone.now()
     for table in partitions.TABLES:
         partition_in_place(table, now)
@@ -25,10 +23,7 @@ def partition(apps, schema_editor):
 
 
 def refuse(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        raise RuntimeError(
-            "jobs 0014 cannot be reversed: the jobs and attempts tables stay partitioned"
-        )
+    raise RuntimeError("jobs 0014 cannot be reversed: the jobs and attempts tables stay partitioned")
 
 
 class Migration(migrations.Migration):

@@ -96,9 +96,7 @@ class RemoveIndexConcurrentlyOnPostgres(migrations.RemoveIndex):
 def add_index(
     schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model], index: models.Index
 ) -> None:
-    if schema_editor.connection.vendor != "postgresql":
-        schema_editor.add_index(model, index)
-    elif _is_partitioned(schema_editor, model._meta.db_table):
+    if _is_partitioned(schema_editor, model._meta.db_table):
         _add_partitioned_index(schema_editor, model, index)
     else:
         cast("PostgresSchemaEditor", schema_editor).add_index(model, index, concurrently=True)
@@ -107,9 +105,7 @@ def add_index(
 def remove_index(
     schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model], index: models.Index
 ) -> None:
-    if schema_editor.connection.vendor != "postgresql":
-        schema_editor.remove_index(model, index)
-    elif _is_partitioned(schema_editor, model._meta.db_table):
+    if _is_partitioned(schema_editor, model._meta.db_table):
         # PostgreSQL has no concurrent way: a partition's index cannot be detached from its
         # parent's, nor dropped alone. A plain DROP locks every partition exclusively, but only
         # to delete catalog rows (the files go at commit), not to read or write any data.

@@ -22,7 +22,6 @@ from jobs.partitions import (
     span,
     span_start,
     sql_timestamp,
-    supported,
 )
 
 
@@ -30,7 +29,7 @@ def partition_in_place(table: Table, now: datetime) -> None:
     """Partition `table` in place (see the module); an empty initial partition is dropped,
     leaving the spans to `ensure_partitions`. Runs outside a transaction (the migration is not
     atomic)."""
-    if not supported() or is_partitioned(table):
+    if is_partitioned(table):
         return
     initial = f"{table.name}_initial"
     end = _initial_end(table, now)

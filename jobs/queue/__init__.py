@@ -11,12 +11,12 @@ them, and of the rules those follow (jobs/queue/rules.py).
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
 - wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
 
-Each operation runs on PostgreSQL as the statements of jobs/queue/postgres.py and elsewhere
-through the ORM (jobs/queue/portable.py); which one is the only question of database vendor a
-caller never asks. Requeues of single dead jobs, and a pull consumer's report on one job that is
-not the common INFLIGHT -> DELIVERED or DEAD, are single state changes: the state machine's own
-(jobs/models.py, jobs/states.py). Requeue and purge of many dead jobs go in batches:
-jobs/queue/dead_jobs.py (driven by jobs/dlq_actions.py).
+The store is PostgreSQL: each operation runs as the statements of jobs/queue/postgres.py (the push
+claim's in postgres_push.py, the pull consumers' in postgres_pull.py). Requeues of single dead
+jobs, and a pull consumer's report on one job that is not the common INFLIGHT -> DELIVERED or
+DEAD, are single state changes: the state machine's own (jobs/models.py, jobs/states.py).
+Requeue and purge of many dead jobs go in batches: jobs/queue/dead_jobs.py (driven by
+jobs/dlq_actions.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ from broker.models import Message
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import Job, named_by
-from jobs.queue import backend
+from jobs.queue import dispatchers, postgres, postgres_pull, wakeup
 from jobs.queue.expiry import expire_old_jobs, restart_age
-from jobs.queue.fanout import add_jobs
 from jobs.queue.leases import sweep_expired_leases, take_for_pull, with_readable_payloads
 from jobs.queue.outcomes import record_failures, release_unsent
 from jobs.queue.reports import PULL_FAILED, held_report, report_pull_outcomes
@@ -73,7 +72,6 @@ __all__ = [
     "add_jobs",
     "claim_for_pull",
     "claim_for_push",
-    "concurrent_writers",
     "expire_old_jobs",
     "insert_message",
     "insert_messages",
@@ -101,7 +99,7 @@ def insert_message(message: Message, tokens: TokenDigests | None = None) -> Inse
     when the producer may not publish to the channel (rules.producer_may_publish; the result
     says which); IntegrityError when the channel has a message with that ID. Inside a caller's
     transaction it joins it (outbox)."""
-    return backend.implementation().insert_message(message, tokens)
+    return postgres.insert_message(message, tokens)
 
 
 def insert_messages(batch: MessageBatch) -> InsertedBatch:
@@ -111,7 +109,7 @@ def insert_messages(batch: MessageBatch) -> InsertedBatch:
     not exist, or the producer may not publish to the channel (the result says which);
     IntegrityError, with nothing inserted, when an ID is already the channel's. Inside a
     caller's transaction it joins it (outbox)."""
-    return backend.implementation().insert_messages(batch)
+    return postgres.insert_messages(batch)
 
 
 def release_due_messages(now: datetime | None = None, limit: int = RELEASE_BATCH) -> int:
@@ -124,7 +122,15 @@ def release_due_messages(now: datetime | None = None, limit: int = RELEASE_BATCH
     and a caller never waits for another. A return value equal to `limit` means more may be
     due: call again at once.
     """
-    return backend.implementation().release_due_messages(now or timezone.now(), limit)
+    return postgres.release_due_messages(now or timezone.now(), limit)
+
+
+def add_jobs(message: Message, consumer_ids: list[int], now: datetime) -> None:
+    """One QUEUED job per consumer of `consumer_ids` for `message` (replay: consumers that joined
+    its channel after it was published), due at `now`, with the message's priority and ordering
+    key. Jobs are made in the order of `consumer_ids`; within a consumer, job IDs give the order
+    in which an ordered consumer receives a key's messages. The caller wakes the dispatchers."""
+    postgres.add_jobs(message, consumer_ids, now)
 
 
 def replay_delivered(job_ids: list[int]) -> int:
@@ -148,7 +154,7 @@ def claim_for_push(
     Any number of dispatchers may claim at once: no job is taken twice.
     """
     check_transition(QUEUED, INFLIGHT)
-    claimed = backend.implementation().claim_for_push(
+    claimed = postgres.claim_for_push(
         limit, now or timezone.now(), rooms or ClaimRooms.unbounded(limit), dispatcher_id
     )
     return sorted(claimed, key=lambda job: (-job.priority, job.due_at))
@@ -160,7 +166,7 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int | None = N
     push), one attempt more; each with its message as far as a worker is given it.
 
     Competing workers take different jobs instead of waiting on each other (SKIP LOCKED), and no
-    job is handed out twice (the conditional transition, even without it: SQLite). An ordered
+    job is handed out twice (the conditional transition). An ordered
     consumer gets only the head of each ordering key, as push consumers do. A job whose offloaded
     payload is gone goes DEAD instead of to the worker.
     """
@@ -169,7 +175,7 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int | None = N
     lease_until = (
         lease_expiry(now) if lease_seconds is None else now + timedelta(seconds=lease_seconds)
     )
-    claimed = backend.implementation().claim_for_pull(consumer, limit, lease_until, now)
+    claimed = postgres_pull.claim_for_pull(consumer, limit, lease_until, now)
     claimed.sort(key=lambda job: (-job.priority, job.pk))
     return with_readable_payloads(claimed)
 
@@ -190,7 +196,7 @@ def record_outcomes(
     with transaction.atomic():
         if delivered:
             check_transition(INFLIGHT, DELIVERED)
-            backend.implementation().record_deliveries(delivered, dispatcher_id, now)
+            postgres.record_deliveries(delivered, dispatcher_id, now)
         applied = record_failures(failed, outcomes, answered, dispatcher_id, now)
     return {r.job_id: outcomes[r.job_id] for r in delivered} | applied
 
@@ -199,7 +205,7 @@ def acknowledge_pull_job(
     consumer: Consumer, public_id: str, target: JobStatus, reason: str
 ) -> bool:
     """A pull consumer's report on one INFLIGHT job it holds: DELIVERED, or DEAD with `reason` as
-    its last error; one statement on PostgreSQL, and the outcome's log line. False when it moved
+    its last error; one statement, and the outcome's log line. False when it moved
     nothing (the job is not the consumer's, not INFLIGHT, or was moved meanwhile), which the
     caller looks into."""
     check_transition(INFLIGHT, target)
@@ -208,7 +214,7 @@ def acknowledge_pull_job(
         return False
     key, created = named
     job = NamedJob(key, consumer.pk, created, created + timedelta(seconds=1))
-    held = backend.implementation().acknowledge_pull_job(job, target, reason, timezone.now())
+    held = postgres_pull.acknowledge_pull_job(job, target, reason, timezone.now())
     if held is None:
         return False
     verdict = Verdict.DELIVERED if target == DELIVERED else Verdict.DEAD
@@ -217,27 +223,19 @@ def acknowledge_pull_job(
 
 
 def wake_dispatchers() -> None:
-    """Wake idle dispatchers when the current transaction commits (PostgreSQL's NOTIFY; other
-    databases are polled)."""
-    backend.implementation().wake_dispatchers()
+    """Wake idle dispatchers when the current transaction commits (PostgreSQL's NOTIFY)."""
+    postgres.wake_dispatchers()
 
 
 async def listen_for_jobs(wake: Callable[[], None], dispatcher_id: str) -> None:
-    """Call `wake` whenever jobs may have been queued, until cancelled (PostgreSQL's LISTEN; on
-    other databases it never calls, and dispatchers poll). The connection is named after the
+    """Call `wake` whenever jobs may have been queued, until cancelled (PostgreSQL's LISTEN). The
+    connection is named after the
     dispatcher: while it is there, others know the dispatcher alive (jobs/queue/dispatchers.py)."""
-    await backend.implementation().listen(wake, dispatcher_id)
+    await wakeup.listen_for_jobs(wake, dispatcher_id)
 
 
 def reclaim_from_dead_dispatchers(dispatcher_id: str, now: datetime | None = None) -> int:
     """End the leases of the INFLIGHT jobs of dispatchers known dead, other than
-    `dispatcher_id`: the next lease sweep gives them back at once (jobs/queue/dispatchers.py;
-    PostgreSQL only, elsewhere leases run out). Returns how many."""
-    return backend.implementation().reclaim_from_dead_dispatchers(
-        dispatcher_id, now or timezone.now()
-    )
-
-
-def concurrent_writers() -> bool:
-    """Whether outcomes may be recorded on a connection of their own while claims go on."""
-    return backend.implementation().concurrent_writers
+    `dispatcher_id`: the next lease sweep gives them back at once (jobs/queue/dispatchers.py).
+    Returns how many."""
+    return dispatchers.reclaim_from_dead_dispatchers(dispatcher_id, now or timezone.now())

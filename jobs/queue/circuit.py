@@ -11,8 +11,8 @@ so a consumer that is down for days does not push its jobs into the dead-letter 
 at a time (they expire after their age limit instead: jobs/queue/expiry.py).
 
 The state lives in three consumer columns, changed with conditional UPDATEs in the transaction
-that records the attempts; the claims read them (jobs/queue/rules.py, `receiving_push_consumers`
-and `in_flight_cap`).
+that records the attempts; the push claim reads them (jobs/queue/postgres_push.py, `_RECEIVING`
+and the cap).
 
 A recording never waits for a consumer's row (issue 36): a row another transaction holds (another
 dispatcher's recording, a claim booking rate limit slots, an operator's edit, a process frozen

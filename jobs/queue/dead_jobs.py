@@ -7,11 +7,11 @@ among a few given keys (an operator's selection). A requeue makes the changes of
 machine's DEAD -> QUEUED (JobQuerySet.requeue_dead); a purge deletes the jobs' attempts, then the
 jobs.
 
-On PostgreSQL a batch is one statement, and its jobs are picked FOR UPDATE SKIP LOCKED: a job
+A batch is one statement, and its jobs are picked FOR UPDATE SKIP LOCKED: a job
 that another transaction holds (a concurrent action on the same queue, a pull worker taking it)
 is left to it, and a batch never waits on anyone. It binds a handful of parameters whatever its
 size (a list of keys is one array), so no batch nears the protocol's 65,535 of server-side
-binding. Elsewhere (SQLite: one writer at a time, no SKIP LOCKED) the same through the ORM.
+binding.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from jobs.models import (
     DeliveryAttempt,
     Job,
     _requeue_changes,
-    delete_jobs,
 )
 from jobs.states import DEAD, QUEUED, check_transition
 
@@ -56,27 +55,18 @@ class Batch:
 
 def take_range(kind: str, dead: DeadRange, limit: int) -> Batch:
     """Requeue or purge (`kind`) the first `limit` jobs of `dead`, in the order they died."""
-    if connection.vendor == "postgresql":
-        parameters = {
-            "consumer": dead.consumer_id,
-            "since": dead.since,
-            "before": dead.before,
-            "limit": limit,
-        }
-        return _run(kind, _RANGE_SQL, parameters)
-    oldest_first = _in_range(dead).order_by("status_changed_at")
-    with transaction.atomic():
-        picked = list(oldest_first.values_list("pk", "status_changed_at")[:limit])
-        taken = _take_portably(kind, [pk for pk, _ in picked])
-    return Batch(len(picked), taken, max((died for _, died in picked), default=None))
+    parameters = {
+        "consumer": dead.consumer_id,
+        "since": dead.since,
+        "before": dead.before,
+        "limit": limit,
+    }
+    return _run(kind, _RANGE_SQL, parameters)
 
 
 def take_keys(kind: str, keys: Sequence[int]) -> int:
     """Requeue or purge (`kind`) those of the jobs `keys` that are DEAD; how many."""
-    if connection.vendor == "postgresql":
-        return _run(kind, _KEYS_SQL, {"keys": list(keys)}).taken
-    with transaction.atomic():
-        return _take_portably(kind, list(keys))
+    return _run(kind, _KEYS_SQL, {"keys": list(keys)}).taken
 
 
 def count_range(dead: DeadRange) -> int:
@@ -92,13 +82,6 @@ def _in_range(dead: DeadRange) -> QuerySet[Job]:
         status_changed_at__lt=dead.before,
     )
 
-
-def _take_portably(kind: str, keys: list[int]) -> int:
-    jobs = Job.objects.filter(pk__in=keys)
-    return jobs.requeue_dead() if kind == REQUEUE else delete_jobs(jobs.filter(status=DEAD))
-
-
-# --- PostgreSQL -------------------------------------------------------------------------------
 
 _JOB, _ATTEMPT = Job._meta.db_table, DeliveryAttempt._meta.db_table
 

@@ -13,8 +13,6 @@ back to the queue, or to the DLQ when their attempts are used (jobs/queue/leases
 after its death instead of a whole lease later. A dispatcher that was only frozen and comes back
 records its outcomes as one whose lease ran out does: the job is left to its new holder, and the
 consumer may get the message twice, the at-least-once price.
-
-On PostgreSQL only: elsewhere there is neither LISTEN nor pg_stat_activity, and leases run out.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Recording what became of push attempts that failed, and giving back jobs never sent.
 
-The 2xx answers are recorded by each database's own `record_deliveries` (one statement on
-PostgreSQL); everything here is the same on every database but `by_keys`, how jobs are found by
-their whole primary keys.
+The 2xx answers are recorded by one statement (jobs/queue/postgres.py, `record_deliveries`);
+everything else is here.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
-from django.db import connection
 from django.db.models import F, Q
 
 from consumers.models import Consumer
@@ -155,14 +153,9 @@ def still_ours(result: AttemptResult) -> JobQuerySet:
 
 
 def by_keys(keys: Iterable[JobKey]) -> JobQuerySet:
-    """The jobs of these whole primary keys. On PostgreSQL each is looked for in its own time
-    partition (jobs/partitions.py), where an id alone probes every partition's index. Elsewhere
-    the id is the whole key, and partition_at is left out: SQLite keeps the column's database
-    default as text of another form than a datetime parameter's (".830" against ".830000"),
-    which would never be equal."""
+    """The jobs of these whole primary keys: each is looked for in its own time partition
+    (jobs/partitions.py), where an id alone probes every partition's index."""
     keys = list(keys)
-    if connection.vendor != "postgresql":
-        return Job.objects.filter(pk__in=[pk for pk, _ in keys])
     if not keys:
         return Job.objects.none()
     pairs = (Q(pk=pk, partition_at=partition_at) for pk, partition_at in keys)

@@ -1,9 +1,9 @@
-"""The queue on PostgreSQL: each hot operation one statement and one round trip.
+"""The queue's statements: each hot operation one statement and one round trip.
 
-Every statement of the queue that is written in SQL lives here, but for the pull consumers' own
-in jobs/queue/postgres_pull.py (procrastinate keeps its queries in one file the same way); the
-rules they apply are those of jobs/queue/rules.py, and jobs/queue/portable.py does the same
-through the ORM. Table names come from model metadata and code constants are literals (so that
+Every statement of the queue that is written in SQL lives here, but for the push claim's and the
+pull consumers' own in jobs/queue/postgres_push.py and jobs/queue/postgres_pull.py (procrastinate
+keeps its queries in one file the same way); the rules they share are those of
+jobs/queue/rules.py. Table names come from model metadata and code constants are literals (so that
 PostgreSQL matches the partial indexes even with a generic plan); every value is a parameter. Why
 the statements are shaped as they are: docs/queue-design.md.
 """
@@ -11,7 +11,6 @@ the statements are shaped as they are: docs/queue-design.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
@@ -22,9 +21,7 @@ from broker.models import Channel, Message, Producer
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import Job
-from jobs.queue.dispatchers import reclaim_from_dead_dispatchers
 from jobs.queue.postgres_batch import batch_parameters, insert_batch_sql, inserted_batch
-from jobs.queue.postgres_pull import PostgresPullStatements
 from jobs.queue.postgres_push import (
     CLAIM_FOR_PUSH_SQL,
     RECORD_DELIVERIES_SQL,
@@ -45,7 +42,6 @@ from jobs.queue.types import (
     MessageBatch,
     TokenDigests,
 )
-from jobs.queue.wakeup import listen_for_jobs
 from jobs.states import QUEUED
 
 _JOB = Job._meta.db_table
@@ -113,6 +109,17 @@ SELECT message.id, message.status, message.dispatched_at,
 FROM (SELECT) AS one_row LEFT JOIN message ON true
 """  # noqa: S608
 
+# Replay's new jobs (broker/replay.py): one for each of the consumers given, in their order, for a
+# message published before they joined its channel. Job IDs follow that order, as in the fan-outs
+# above.
+ADD_JOBS_SQL = f"""
+INSERT INTO {_JOB} {_JOB_COLUMNS}
+SELECT %(message)s, consumer.id, '{QUEUED.value}', %(priority)s, %(ordering_key)s, 0, %(now)s, 0,
+    '', %(now)s, %(now)s, %(now)s
+FROM unnest(%(consumers)s::bigint[]) WITH ORDINALITY AS consumer(id, position)
+ORDER BY consumer.position
+"""  # noqa: S608
+
 # Publish many at once: jobs/queue/postgres_batch.py (the batch broadcast, `publish_many`).
 INSERT_BATCH_SQL = insert_batch_sql(_JOB_COLUMNS, _NOTIFY)
 
@@ -158,76 +165,81 @@ SELECT (SELECT count(*) FROM released), (SELECT {_NOTIFY} WHERE EXISTS (SELECT F
 """  # noqa: S608
 
 
-class PostgresQueue(PostgresPullStatements):
-    """jobs/queue's operations that PostgreSQL does in one statement each."""
+def insert_message(message: Message, tokens: TokenDigests | None = None) -> Inserted:
+    # Alone, the statement commits by itself; inside a caller's transaction it needs a
+    # savepoint so that a refused message (duplicate ID) leaves that transaction usable.
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    parameters = _message_parameters(message) | _check_parameters(tokens)
+    with savepoint, connection.cursor() as cursor:
+        cursor.execute(INSERT_MESSAGE_SQL, parameters)
+        row = cursor.fetchone()
+    message.pk, message.status, message.dispatched_at = row[:3]
+    message._state.adding = message.pk is None
+    return Inserted.from_checks(*row[3:7])
 
-    # Recording outcomes may run on a connection of its own beside the claims.
-    concurrent_writers = True
 
-    async def listen(self, wake: Callable[[], None], dispatcher_id: str) -> None:
-        await listen_for_jobs(wake, dispatcher_id)
+def insert_messages(batch: MessageBatch) -> InsertedBatch:
+    # As insert_message: a savepoint only inside a caller's transaction.
+    savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with savepoint, connection.cursor() as cursor:
+        cursor.execute(INSERT_BATCH_SQL, batch_parameters(batch))
+        return inserted_batch(batch, cursor.fetchone())
 
-    def reclaim_from_dead_dispatchers(self, dispatcher_id: str, now: datetime) -> int:
-        return reclaim_from_dead_dispatchers(dispatcher_id, now)
 
-    def insert_message(self, message: Message, tokens: TokenDigests | None = None) -> Inserted:
-        # Alone, the statement commits by itself; inside a caller's transaction it needs a
-        # savepoint so that a refused message (duplicate ID) leaves that transaction usable.
-        savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-        parameters = _message_parameters(message) | _check_parameters(tokens)
-        with savepoint, connection.cursor() as cursor:
-            cursor.execute(INSERT_MESSAGE_SQL, parameters)
-            row = cursor.fetchone()
-        message.pk, message.status, message.dispatched_at = row[:3]
-        message._state.adding = message.pk is None
-        return Inserted.from_checks(*row[3:7])
+def release_due_messages(now: datetime, limit: int) -> int:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(RELEASE_DUE_SQL, {"now": now, "limit": limit})
+        released, _ = cursor.fetchone()
+    return int(released)
 
-    def insert_messages(self, batch: MessageBatch) -> InsertedBatch:
-        # As insert_message: a savepoint only inside a caller's transaction.
-        savepoint = transaction.atomic() if connection.in_atomic_block else nullcontext()
-        with savepoint, connection.cursor() as cursor:
-            cursor.execute(INSERT_BATCH_SQL, batch_parameters(batch))
-            return inserted_batch(batch, cursor.fetchone())
 
-    def release_due_messages(self, now: datetime, limit: int) -> int:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(RELEASE_DUE_SQL, {"now": now, "limit": limit})
-            released, _ = cursor.fetchone()
-        return int(released)
+def add_jobs(message: Message, consumer_ids: list[int], now: datetime) -> None:
+    if not consumer_ids:
+        return
+    parameters: dict[str, Any] = {
+        "message": message.pk,
+        "consumers": consumer_ids,
+        "priority": message.priority,
+        "ordering_key": message.ordering_key,
+        "now": now,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(ADD_JOBS_SQL, parameters)
 
-    def claim_for_push(
-        self, limit: int, now: datetime, rooms: ClaimRooms, dispatcher_id: str | None
-    ) -> list[ClaimedJob]:
-        with connection.cursor() as cursor:
-            cursor.execute(CLAIM_FOR_PUSH_SQL, claim_parameters(limit, now, rooms, dispatcher_id))
-            rows = cursor.fetchall()
-        return [ClaimedJob.from_row(row) for row in rows]
 
-    def record_deliveries(
-        self, results: list[AttemptResult], dispatcher_id: str, now: datetime
-    ) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                RECORD_DELIVERIES_SQL,
-                {
-                    "dispatcher": dispatcher_id,
-                    "jobs": [r.job_id for r in results],
-                    "partitions": [r.partition_at for r in results],
-                    "batch_partitions": sorted({r.partition_at for r in results}),
-                    "job_consumers": [r.consumer_id for r in results],
-                    "consumers": list({r.consumer_id for r in results}),
-                    "attempts": [r.attempt for r in results],
-                    "started": [r.started_at for r in results],
-                    "durations": [r.duration_ms for r in results],
-                    "statuses": [r.status_code for r in results],
-                    "excerpts": [r.response_excerpt for r in results],
-                    "now": now,
-                },
-            )
+def claim_for_push(
+    limit: int, now: datetime, rooms: ClaimRooms, dispatcher_id: str | None
+) -> list[ClaimedJob]:
+    with connection.cursor() as cursor:
+        cursor.execute(CLAIM_FOR_PUSH_SQL, claim_parameters(limit, now, rooms, dispatcher_id))
+        rows = cursor.fetchall()
+    return [ClaimedJob.from_row(row) for row in rows]
 
-    def wake_dispatchers(self) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {_NOTIFY}")
+
+def record_deliveries(results: list[AttemptResult], dispatcher_id: str, now: datetime) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            RECORD_DELIVERIES_SQL,
+            {
+                "dispatcher": dispatcher_id,
+                "jobs": [r.job_id for r in results],
+                "partitions": [r.partition_at for r in results],
+                "batch_partitions": sorted({r.partition_at for r in results}),
+                "job_consumers": [r.consumer_id for r in results],
+                "consumers": list({r.consumer_id for r in results}),
+                "attempts": [r.attempt for r in results],
+                "started": [r.started_at for r in results],
+                "durations": [r.duration_ms for r in results],
+                "statuses": [r.status_code for r in results],
+                "excerpts": [r.response_excerpt for r in results],
+                "now": now,
+            },
+        )
+
+
+def wake_dispatchers() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {_NOTIFY}")
 
 
 def _message_parameters(message: Message) -> dict[str, Any]:

@@ -25,8 +25,9 @@ from jobs.states import INFLIGHT, QUEUED
 _JOB = Job._meta.db_table
 _MESSAGE = Message._meta.db_table
 
-# An ordered consumer is handed only the head of each ordering key (rules.heads_of_their_keys):
-# no pending job of the same key with a lower id.
+# An ordered consumer is handed only the head of each ordering key, so that a key's messages go
+# one at a time, in order: the job with no pending (rules.PENDING) job of the same consumer and
+# key with a lower id.
 _HEAD_OF_KEY = f"""AND NOT EXISTS (
         SELECT FROM {_JOB} earlier
         WHERE earlier.consumer_id = j.consumer_id AND earlier.ordering_key = j.ordering_key
@@ -81,7 +82,7 @@ RETURNING held.attempts, held.status_changed_at, held.public_id, held.channel_id
 """  # noqa: S608
 
 # A report's read: the consumer's jobs among those named, locked in key order (two reports never
-# deadlock), with the columns of portable_pull.REPORTED_COLUMNS.
+# deadlock): its key and creation time (its public ID), its state, then types.HELD_COLUMNS.
 LOCK_REPORTED_SQL = f"""
 SELECT job.id, job.created_at, job.status, job.attempts, job.status_changed_at,
     message.public_id, message.channel_id, message.traceparent, message.tracestate
@@ -103,60 +104,58 @@ WHERE job.id = move.id AND job.status = '{INFLIGHT.value}'
 """  # noqa: S608
 
 
-class PostgresPullStatements:
-    """The pull operations of jobs/queue's PostgreSQL implementation."""
+def claim_for_pull(
+    consumer: Consumer, limit: int, lease_until: datetime, now: datetime
+) -> list[Job]:
+    ordered = consumer.ordering == Consumer.Ordering.ORDERED
+    parameters: dict[str, Any] = {
+        "consumer": consumer.pk,
+        "limit": limit,
+        "now": now,
+        "lease_until": lease_until,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(CLAIM_HEADS_FOR_PULL_SQL if ordered else CLAIM_FOR_PULL_SQL, parameters)
+        rows = cursor.fetchall()
+    return [claimed_job(connection.alias, row) for row in rows]
 
-    def claim_for_pull(
-        self, consumer: Consumer, limit: int, lease_until: datetime, now: datetime
-    ) -> list[Job]:
-        ordered = consumer.ordering == Consumer.Ordering.ORDERED
-        parameters: dict[str, Any] = {
-            "consumer": consumer.pk,
-            "limit": limit,
-            "now": now,
-            "lease_until": lease_until,
-        }
-        with connection.cursor() as cursor:
-            cursor.execute(CLAIM_HEADS_FOR_PULL_SQL if ordered else CLAIM_FOR_PULL_SQL, parameters)
-            rows = cursor.fetchall()
-        return [claimed_job(connection.alias, row) for row in rows]
 
-    def acknowledge_pull_job(
-        self, job: NamedJob, target: str, reason: str, now: datetime
-    ) -> HeldRow | None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                ACKNOWLEDGE_PULL_JOB_SQL,
-                {
-                    "job": job.key,
-                    "consumer": job.consumer_id,
-                    "created_from": job.created_from,
-                    "created_until": job.created_until,
-                    "target": target,
-                    "reason": reason,
-                    "now": now,
-                },
-            )
-            row: HeldRow | None = cursor.fetchone()
-        return row
+def acknowledge_pull_job(job: NamedJob, target: str, reason: str, now: datetime) -> HeldRow | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            ACKNOWLEDGE_PULL_JOB_SQL,
+            {
+                "job": job.key,
+                "consumer": job.consumer_id,
+                "created_from": job.created_from,
+                "created_until": job.created_until,
+                "target": target,
+                "reason": reason,
+                "now": now,
+            },
+        )
+        row: HeldRow | None = cursor.fetchone()
+    return row
 
-    def lock_reported(self, consumer: Consumer, keys: list[int]) -> list[Sequence[Any]]:
-        with connection.cursor() as cursor:
-            cursor.execute(LOCK_REPORTED_SQL, {"consumer": consumer.pk, "keys": keys})
-            rows: list[Sequence[Any]] = cursor.fetchall()
-        return rows
 
-    def apply_pull_moves(self, moves: Sequence[PullMove], now: datetime) -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                APPLY_PULL_MOVES_SQL,
-                {
-                    "keys": [move.key for move in moves],
-                    "targets": [move.target.value for move in moves],
-                    "reasons": [move.reason for move in moves],
-                    "due": [move.due_at for move in moves],
-                    "now": now,
-                },
-            )
-            moved: int = cursor.rowcount
-        return moved
+def lock_reported(consumer: Consumer, keys: list[int]) -> list[Sequence[Any]]:
+    with connection.cursor() as cursor:
+        cursor.execute(LOCK_REPORTED_SQL, {"consumer": consumer.pk, "keys": keys})
+        rows: list[Sequence[Any]] = cursor.fetchall()
+    return rows
+
+
+def apply_pull_moves(moves: Sequence[PullMove], now: datetime) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            APPLY_PULL_MOVES_SQL,
+            {
+                "keys": [move.key for move in moves],
+                "targets": [move.target.value for move in moves],
+                "reasons": [move.reason for move in moves],
+                "due": [move.due_at for move in moves],
+                "now": now,
+            },
+        )
+        moved: int = cursor.rowcount
+    return moved

@@ -25,25 +25,31 @@ _CONSUMER = Consumer._meta.db_table
 _MESSAGE = Message._meta.db_table
 
 # The push claim:
-# - paced: the rate-limited consumers (rules.bookable_slots) that may receive, have a job due and
-#   a slot free within the horizon. Their rows are locked, so that claims of several dispatchers
-#   book one consumer's slots one after another; a row another transaction holds is skipped (its
+# - paced: the rate-limited consumers that may receive, have a job due and a slot free within the
+#   horizon (rules.SLOT_HORIZON_SECONDS); a consumer's first slot is its next one, or now if that
+#   has passed (slots left unused are not saved up: no burst follows a quiet spell). Their rows
+#   are locked, so that claims of several dispatchers book one consumer's slots one after
+#   another; a row another transaction holds is skipped (its
 #   consumer gets nothing from this claim, and no claim ever waits). A row locked is read as the
 #   last commit left it (PostgreSQL re-reads it), so a claim books after the one before, and
 #   skips the consumer if no slot is free any more. FOR NO KEY UPDATE leaves publishers'
 #   foreign-key checks unblocked. A consumer booked up to the horizon, the usual case between two
 #   of its slots, is not locked at all;
 # - cap, room: each consumer's free in-flight slots, for push consumers that may receive
-#   (rules.receiving_push_consumers, rules.in_flight_cap), no more than the claiming dispatcher's
-#   room for it (types.ClaimRooms: `new_room` for one it does not know), and for a paced one no
-#   more than its bookable slots. Counted once per claim (hence
-#   MATERIALIZED), and only up to the cap: a plain index scan that stops there, and that marks
+#   (_RECEIVING: not paused, not throttled by a 429's Retry-After, the circuit closed or half-open,
+#   its cooldown over), under its cap (its maxInFlight, or
+#   rules.DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER; one probe while its circuit is half-open), no more
+#   than the claiming dispatcher's room for it (types.ClaimRooms: `new_room` for one it does not
+#   know), and for a paced one no more than its bookable slots (those, 1/per_second apart from its
+#   first slot, that begin within the horizon). Counted once per claim (hence MATERIALIZED),
+#   and only up to the cap: a plain index scan that stops there, and that marks
 #   the dead index entries of finished jobs as it passes, so that the next claim skips them;
 # - due: per consumer, its best due jobs up to its room, read from an index without locks. For an
-#   ordered consumer only the head of each key qualifies (rules.heads_of_their_keys): the key's
-#   pending job with the lowest id, when it is QUEUED and due. The heads are found by walking
-#   the consumer's keys through job_consumer_key_pending_idx, one index probe per key, so the
-#   cost grows with the number of keys with pending jobs, not with the backlog behind them;
+#   ordered consumer only the head of each key qualifies (a key's messages go one at a time, in
+#   order): the key's pending job with the lowest id, when it is QUEUED and due. The heads are
+#   found by walking the consumer's keys through job_consumer_key_pending_idx, one index probe
+#   per key, so the cost grows with the number of keys with pending jobs, not with the backlog
+#   behind them;
 #   Each job has its `turn` among its consumer's: first, second, ...;
 # - taking_turns, candidate: the best of those overall, by priority, then taking turns between
 #   consumers (every consumer's first job before anybody's second), then due time: a consumer with
@@ -54,7 +60,7 @@ _MESSAGE = Message._meta.db_table
 #   primary key, (id, partition_at): by id alone the planner, misled by the statistics of a young
 #   partition (taken while no job waited), walked a partial index for each candidate and the
 #   empty-table drain fell from about 2,600 to 600 jobs/s (docs/performance.md);
-# - slotted: a paced consumer's jobs get its next slots in their order (rules.slot_times), and
+# - slotted: a paced consumer's jobs get its next slots in their order, 1/per_second apart, and
 #   booked moves its next free slot past them: only the jobs taken use slots;
 # - the UPDATE moves them to INFLIGHT with a lease and the dispatcher's name (claimed_by: its jobs
 #   go back early if it dies, jobs/queue/dispatchers.py), counts the attempt and returns the

@@ -3,10 +3,10 @@ DELIVERED, DEAD, or given back to the queue, due again after a delay, or DEAD on
 all its attempts, as when its lease runs out (jobs/queue/leases.py).
 
 One transaction whatever the batch's size: one read of the named jobs, locked, then one
-conditional UPDATE for every move (on PostgreSQL: jobs/queue/postgres_pull.py; elsewhere one per
-target state). The lock makes the UPDATE move exactly the jobs the read found INFLIGHT, so
-nothing is read back: a job the lease sweep took back first is read as QUEUED and refused, and
-one the sweep comes for meanwhile waits for the report, after which it is no longer INFLIGHT.
+conditional UPDATE for every move (jobs/queue/postgres_pull.py). The lock makes the UPDATE move
+exactly the jobs the read found INFLIGHT, so nothing is read back: a job the lease sweep took
+back first is read as QUEUED and refused, and one the sweep comes for meanwhile waits for the
+report, after which it is no longer INFLIGHT.
 Reports lock in key order, so two of them never deadlock. Each move goes through the state
 machine's table of transitions and is logged once, after the commit (jobs/outcome_log.py).
 """
@@ -24,7 +24,7 @@ from broker.xids import key_of_xid
 from consumers.models import Consumer
 from jobs.models import job_public_id
 from jobs.outcome_log import PullReport
-from jobs.queue import backend
+from jobs.queue import postgres_pull
 from jobs.queue.types import HeldRow, OutcomeReport, PullMove, ReportResult
 from jobs.retry import Verdict
 from jobs.states import (
@@ -100,7 +100,7 @@ def _locked(consumer: Consumer, public_ids: list[str]) -> dict[str, _Held]:
     if not keys:
         return {}
     jobs = {}
-    for pk, created, status, *held in backend.implementation().lock_reported(consumer, keys):
+    for pk, created, status, *held in postgres_pull.lock_reported(consumer, keys):
         job_id = job_public_id(pk, created)  # an ID with another creation second names no job
         jobs[job_id] = _Held(pk, status, held_report(job_id, consumer, tuple(held)))
     return jobs
@@ -138,10 +138,10 @@ def _move(job: _Held, report: OutcomeReport, max_attempts: int, now: datetime) -
 
 
 def _apply(moves: list[_Move], now: datetime) -> None:
-    """Every move in one conditional UPDATE (one per target state, portably)."""
+    """Every move in one conditional UPDATE."""
     for target in {move.target for move in moves}:
         check_transition(INFLIGHT, target)
     pull_moves = [PullMove(m.job.pk, m.target, m.reason, m.due_at) for m in moves]
-    moved = backend.implementation().apply_pull_moves(pull_moves, now) if moves else 0
+    moved = postgres_pull.apply_pull_moves(pull_moves, now) if moves else 0
     if moved != len(moves):  # the lock rules it out; never log or answer a move not made
         raise RuntimeError(f"{len(moves) - moved} locked INFLIGHT jobs did not move")

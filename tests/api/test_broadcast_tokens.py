@@ -104,7 +104,6 @@ def test_a_wrong_token_is_403_before_a_bad_header_is_400(client):
     )
 
 
-@pytest.mark.postgres
 def test_a_broadcast_is_one_query(client):
     with CaptureQueriesContext(connection) as queries:
         response = client.post(

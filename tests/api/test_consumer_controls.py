@@ -325,7 +325,6 @@ def test_paused_consumer_forbidden_transition_stays_a_400(admin_client, worker):
     assert move(admin_client, job, INFLIGHT).status_code == 400
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_claim_long_poll_of_a_paused_consumer_gets_jobs_once_resumed(admin_client, worker):
     publish_for(worker, "m1")

@@ -194,7 +194,6 @@ def test_a_wrong_requeue_token_still_changes_nothing(client, worker, past_the_bu
     assert Job.objects.filter(status=DEAD).count() == 3
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_housekeeping_cluster_finishes_what_the_request_handed_over(
     client, channel, worker, past_the_budget

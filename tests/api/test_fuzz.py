@@ -42,7 +42,6 @@ from tests.db_snapshot import fingerprint
 
 pytestmark = [
     pytest.mark.fuzz,
-    pytest.mark.postgres,
     # Every operation starts from the same rows with the same IDs (sequences reset).
     pytest.mark.django_db(transaction=True, reset_sequences=True),
 ]

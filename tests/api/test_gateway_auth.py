@@ -222,7 +222,6 @@ def test_a_configuration_that_cannot_be_enforced_stops_start_up(mode, secret, pr
     assert secret == "" or secret not in str(error.value)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_server_started_with_the_gateway_variables_checks_signatures(tmp_path):
     """gunicorn configured only through the environment, the secret in a file (`_FILE`), and a

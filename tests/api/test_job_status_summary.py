@@ -301,7 +301,6 @@ def summary_rows() -> set[tuple[int, str, int, datetime, datetime]]:
     )
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_refresh_while_another_runs_leaves_it_alone(worker):
     jobs_of(worker, DELIVERED, T0)
@@ -327,7 +326,6 @@ def test_a_refresh_while_another_runs_leaves_it_alone(worker):
     assert summary_rows() == {(worker.pk, "DELIVERED", 1, T0, T0)}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_refresh_does_not_wait_for_a_job_being_moved(worker):
     """A dispatcher holds the job it is delivering locked until its outcome commits; the
@@ -357,7 +355,6 @@ def test_a_refresh_does_not_wait_for_a_job_being_moved(worker):
     assert summary_rows() == {(worker.pk, "INFLIGHT", 1, T0, T0)}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_refreshes_at_once_write_one_correct_summary(worker):
     jobs_of(worker, DELIVERED, T0, 2)
@@ -375,7 +372,6 @@ def test_refreshes_at_once_write_one_correct_summary(worker):
 # PostgreSQL's estimates choose the source
 
 
-@pytest.mark.postgres
 def test_the_planners_estimate_of_the_table_decides(client, worker, settings):
     bulk_jobs(worker, DELIVERED, 3000)
     refresh_at(T0 + HOUR)
@@ -391,7 +387,6 @@ def test_the_planners_estimate_of_the_table_decides(client, worker, settings):
     assert job_status(client)["worker"][1003]["count"] == 3000
 
 
-@pytest.mark.postgres
 def test_every_status_index_is_estimated(worker):
     bulk_jobs(worker, DEAD, 2000)
     with connection.cursor() as cursor:
@@ -410,7 +405,6 @@ def test_the_indexes_read_are_the_models():
     assert READS[DELIVERED] == Job._meta.db_table
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_live_counts_of_queued_and_dead_jobs_read_their_index_alone(worker):
     bulk_jobs(worker, DEAD, 20_000)
@@ -496,7 +490,6 @@ def test_messages_status_counts_every_kind(admin_client, channel, worker):
     }
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_messages_status_reads_indexes_alone(channel):
     """100,000 messages over ten channels; the channel's counts come from three index-only scans

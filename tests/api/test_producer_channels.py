@@ -253,7 +253,6 @@ def test_bound_a_batch_is_refused_whole(client, bound):
     assert set(Message.objects.values_list("channel_id", flat=True)) == {"orders"}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_server_started_bound_refuses_the_consumer_over_real_http():
     """gunicorn configured by the environment alone, as an operator turns the rule on."""

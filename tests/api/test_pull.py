@@ -738,7 +738,6 @@ def test_claim_with_wait_returns_empty_when_nothing_arrives(client, worker):
     assert time.monotonic() - started >= 0.4
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_competing_claims_never_hand_out_a_job_twice(channel, worker):
     for n in range(200):
@@ -764,7 +763,6 @@ def test_competing_claims_never_hand_out_a_job_twice(channel, worker):
     assert set(Job.objects.values_list("status", "attempts")) == {(INFLIGHT, 1)}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_claim_long_poll_answers_as_soon_as_a_job_is_published(client, channel, worker):
     def publish_soon() -> None:
@@ -786,7 +784,6 @@ def test_claim_long_poll_answers_as_soon_as_a_job_is_published(client, channel, 
     assert 0.3 <= elapsed < 15
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_racing_takes_of_one_job_count_one_attempt(channel, worker):
     job = pull_job(worker)

@@ -27,7 +27,6 @@ from jobs.models import Job
 from jobs.queue import OutcomeReport, ReportResult, report_pull_outcomes, take_for_pull
 from jobs.queue import reports as report_module
 from jobs.queue.leases import sweep_expired_leases
-from jobs.queue.postgres import PostgresQueue
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, ForbiddenTransition, JobStatus
 from tests.helpers import make_consumer_with_token, tokens
 
@@ -291,7 +290,6 @@ def test_a_job_the_lease_sweep_took_back_is_not_delivered(client, worker, lease_
     assert status_of(job) == QUEUED
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_sweep_that_comes_while_the_report_holds_the_job_skips_it_and_moves_nothing(
     channel, worker, monkeypatch
@@ -561,7 +559,7 @@ def queries_of(client, *items: dict[str, object]) -> int:
     return len(queries)
 
 
-def test_a_batch_takes_as_many_queries_whatever_its_size(client, worker, backend):
+def test_a_batch_takes_as_many_queries_whatever_its_size(client, worker):
     one = queries_of(client, item(job_for(worker)))
     fifty = queries_of(client, *(item(job_for(worker)) for _ in range(50)))
     mixed = [item(job_for(worker), state) for state in (DELIVERED, DEAD, QUEUED)]
@@ -569,9 +567,8 @@ def test_a_batch_takes_as_many_queries_whatever_its_size(client, worker, backend
     mixed = [item(job_for(worker), (DELIVERED, DEAD, QUEUED)[n % 3]) for n in range(50)]
 
     assert fifty == one
-    # PostgreSQL moves them in one UPDATE whatever their targets; elsewhere an UPDATE per target.
-    more = 0 if isinstance(backend, PostgresQueue) else 2
-    assert queries_of(client, *mixed) == three_targets == one + more
+    # One UPDATE moves them whatever their targets.
+    assert queries_of(client, *mixed) == three_targets == one
 
 
 def acknowledge(client, job: Job | str, state: str = DELIVERED, **fields: object):
@@ -584,16 +581,16 @@ def acknowledge(client, job: Job | str, state: str = DELIVERED, **fields: object
     )
 
 
-def test_a_single_acknowledgement_is_the_consumer_read_and_one_statement(client, worker, backend):
+def test_a_single_acknowledgement_is_the_consumer_read_and_one_statement(client, worker):
     job = job_for(worker)
 
     with CaptureQueriesContext(connection) as queries:
         response = acknowledge(client, job)
 
     assert response.status_code == 202
-    # The consumer with its channel's token hash, then the move (PostgreSQL: one statement that
-    # also returns what the log line needs; elsewhere a read and the move).
-    assert len(queries) == (2 if isinstance(backend, PostgresQueue) else 3)
+    # The consumer with its channel's token hash, then the move: one statement that also returns
+    # what the log line needs.
+    assert len(queries) == 2
     row = snapshot(job)
     assert (row["status"], row["lease_expires_at"], row["last_error"]) == (DELIVERED, None, "")
 
@@ -610,7 +607,7 @@ def test_a_single_acknowledgement_is_the_consumer_read_and_one_statement(client,
     ],
 )
 def test_a_single_acknowledgement_answers_as_before_on_either_queue(
-    client, worker, backend, deliveries, source, target, expected, after
+    client, worker, deliveries, source, target, expected, after
 ):
     job = job_for(worker, source)
     before = snapshot(job)
@@ -630,7 +627,7 @@ def test_a_single_acknowledgement_answers_as_before_on_either_queue(
 
 
 def test_a_single_acknowledgement_of_a_job_not_found_is_404_before_a_bad_body(
-    client, channel, worker, backend
+    client, channel, worker
 ):
     theirs = job_for(make_consumer_with_token(channel, "other", token="other-token"))
     mine = job_for(worker)

@@ -165,7 +165,6 @@ def test_the_default_burst_is_one_seconds_worth(settings):
     assert configured_limit() == Limit(rate=0.2, burst=1)
 
 
-@pytest.mark.postgres  # SQLite's in-memory test database locks out concurrent writers
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_broadcasts_from_many_connections_share_one_bucket(settings):
     """Every API process has its own database connection: eight threads, eight connections,

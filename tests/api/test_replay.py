@@ -353,7 +353,6 @@ def test_a_consumer_older_than_the_message_whose_job_was_deleted_gets_none(
     assert not Job.objects.filter(consumer__public_id="audit").exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_replay_wakes_idle_dispatchers_and_a_refused_one_does_not(
     admin_client, channel, receiver
@@ -373,7 +372,6 @@ def test_a_replay_wakes_idle_dispatchers_and_a_refused_one_does_not(
 # --- concurrency -------------------------------------------------------------------------------
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_replays_create_a_new_consumers_job_once(channel, receiver):
     delivered_to(channel, receiver, "billing")

@@ -33,7 +33,6 @@ SHOW_JIT = (
         ("postgres://db/broker?options=-c%20work_mem%3D8MB", None, "-c work_mem=8MB -c jit=off"),
         ("postgres://db/broker", "server", None),
         ("postgres://db/broker?options=-c%20work_mem%3D8MB", "server", "-c work_mem=8MB"),
-        ("sqlite:///broker.sqlite3", None, None),  # SQLite has no JIT
     ],
 )
 def test_the_connection_options(monkeypatch, url, mode, options):
@@ -100,13 +99,11 @@ def server_jit() -> str:
     return " ".join(row)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_broker_connection_has_jit_off_by_default():
     assert broker_jit() == "off client"
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_with_server_a_broker_connection_keeps_the_servers_setting():
     assert broker_jit(DATABASE_JIT="server") == server_jit()

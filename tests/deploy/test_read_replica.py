@@ -186,14 +186,12 @@ def statements(
     return [line for line in lines if line.startswith(f"{application}|")]
 
 
-@pytest.mark.postgres
 def test_migrations_never_touch_the_replica(cluster):
     _, replica = cluster
 
     assert statements(replica, MIGRATE_READS) == []
 
 
-@pytest.mark.postgres
 def test_lists_read_from_the_replica_and_writes_never_touch_it(cluster, broker):
     primary, replica = cluster
     pause_replay(replica)
@@ -240,7 +238,6 @@ def page(browser: urllib.request.OpenerDirector, server: ApiServer, path: str) -
         return str(answer.read().decode())
 
 
-@pytest.mark.postgres
 def test_an_operator_who_logs_in_during_lag_sees_ui_pages_from_the_replica(cluster, broker):
     primary, replica = cluster
     pause_replay(replica)
@@ -260,7 +257,6 @@ def test_an_operator_who_logs_in_during_lag_sees_ui_pages_from_the_replica(clust
     assert "ui-during-lag" in caught_up
 
 
-@pytest.mark.postgres
 def test_reads_fall_back_to_the_primary_when_the_replica_does_not_answer(cluster, broker):
     primary, _ = cluster
     nobody = f"postgres://postgres@127.0.0.1:{free_port()}/broker"  # nothing listens there

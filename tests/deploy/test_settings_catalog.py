@@ -346,10 +346,7 @@ def test_manage_py_stops_with_one_line_on_a_bad_value(command):
             {"DATABASE_URL": "postgres:///x", "BROKER_READ_DATABASE_URL": "postgres://r:5/"},
             "BROKER_READ_DATABASE_URL for PostgreSQL needs a database name.",
         ),
-        (
-            {"BROKER_READ_DATABASE_URL": "postgres://u:hunter2@replica/broker"},
-            "BROKER_READ_DATABASE_URL is a streaming replica of DATABASE_URL's PostgreSQL server",
-        ),
+        ({"DATABASE_URL": "sqlite:///hunter2.sqlite3"}, "DATABASE_URL is a sqlite:// URL"),
         (
             {"DJANGO_SECRET_KEY": "hunter2", "DJANGO_SECRET_KEY_FILE": "/hunter2"},
             "Set either DJANGO_SECRET_KEY or DJANGO_SECRET_KEY_FILE",

@@ -41,9 +41,6 @@ def test_list_parses_commas(monkeypatch):
 @pytest.mark.parametrize(
     ("url", "engine", "name"),
     [
-        ("sqlite:///broker.sqlite3", "django.db.backends.sqlite3", "broker.sqlite3"),
-        ("sqlite:////var/lib/broker.db", "django.db.backends.sqlite3", "/var/lib/broker.db"),
-        ("sqlite://:memory:", "django.db.backends.sqlite3", ":memory:"),
         ("postgres://u:p%40ss@db.internal:6432/broker", "django.db.backends.postgresql", "broker"),
         ("postgresql:///broker", "django.db.backends.postgresql", "broker"),
     ],
@@ -62,18 +59,11 @@ def test_postgres_url_parts_and_options():
     assert database["OPTIONS"]["sslmode"] == "require"
 
 
-def test_sqlite_uses_wal_and_immediate_transactions():
-    options = parse_database_url("sqlite:///x.sqlite3")["OPTIONS"]
-
-    assert options["transaction_mode"] == "IMMEDIATE"
-    assert "journal_mode=WAL" in options["init_command"]
-
-
 @pytest.mark.parametrize(
     ("url", "message"),
     [
         ("mysql://root@localhost/broker", "scheme 'mysql' is not supported"),
-        ("sqlite://", "needs a file"),
+        ("sqlite:///broker.sqlite3", "store is PostgreSQL, and SQLite is no longer supported"),
         ("postgres://localhost", "needs a database name"),
         ("postgres://localhost:99999/broker", "invalid port"),
     ],
@@ -100,3 +90,18 @@ def test_broker_settings_fall_back_to_defaults_in_a_host_project(settings):
     assert broker_settings.BROKER_RETRY_JITTER == 0.5
     with pytest.raises(AttributeError):
         broker_settings.BROKER_TYPO  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_a_default_database_other_than_postgresql_is_a_system_error(monkeypatch):
+    from django.db import connections
+
+    from broker.checks import check_database
+
+    assert check_database(None) == []
+
+    # A host project's own DATABASES (docs/outbox.md): the broker's queue is PostgreSQL's SQL.
+    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
+
+    [error] = check_database(None)
+    assert error.id == "broker.E004"
+    assert "PostgreSQL" in error.msg

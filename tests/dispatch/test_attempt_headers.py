@@ -1,6 +1,6 @@
 """What an attempt keeps of its headers (docs/delivery.md, "Attempts"): those its request was sent
 with and those of the final answer, from libcurl against real receivers on loopback,
-recorded by both queue implementations; every secret masked before anything holds it, and
+recorded by the queue; every secret masked before anything holds it, and
 bounded."""
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ def one_retry(settings):
     settings.BROKER_DELIVERY_TIMEOUT_SECONDS = 2
 
 
-# --- recorded by the dispatcher, through each queue implementation ----------------------------
+# --- recorded by the dispatcher, through the queue ---------------------------------------------
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("backend")
 @pytest.mark.parametrize("status", [503, 404], ids=["unavailable", "refused"])
 def test_a_failed_attempt_keeps_the_headers_sent_and_received_with_secrets_masked(
     channel, receiver, dispatcher, status
@@ -89,7 +88,6 @@ def test_a_failed_attempt_keeps_the_headers_sent_and_received_with_secrets_maske
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("backend")
 def test_a_delivered_attempt_keeps_no_headers(channel, receiver, dispatcher):
     """What an operator reads to find out why is a failure's; a 2xx's would cost every delivery."""
     push_consumer(channel, receiver)
@@ -310,7 +308,6 @@ def test_kept_headers_are_bounded_masked_and_storable():
 
 
 @pytest.mark.django_db
-@pytest.mark.usefixtures("backend")
 def test_a_nul_in_a_header_never_keeps_an_attempt_from_being_recorded(
     channel, receiver, dispatcher
 ):

@@ -18,7 +18,7 @@ from tests.helpers import make_channel, make_producer
 from tests.processes import kill_if_running, start_dispatcher, wait_until
 from tests.receiver import Receiver, Reply
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -412,7 +412,6 @@ def test_a_changed_consumer_applies_from_the_next_claim(channel, receiver, dispa
     Webhook(new_secret).verify(moved.body, moved.headers)  # signed with the rotated secret
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_claims_never_hand_out_a_job_twice(channel, receiver):
     push_consumer(channel, receiver, max_in_flight=1000)

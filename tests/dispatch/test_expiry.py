@@ -196,7 +196,6 @@ def test_a_requeued_job_no_longer_says_why_it_died(channel):
     assert (job.status, job.last_error, job.attempts) == (QUEUED, "", 0)
 
 
-@pytest.mark.postgres
 def test_the_expiry_probe_reads_the_consumers_age_index_whatever_the_backlog(channel):
     """100,000 young QUEUED jobs and 100,000 delivered ones: the probe for old jobs must go
     through job_consumer_queued_age_idx and find nothing without reading them."""

@@ -80,7 +80,6 @@ def test_a_delivery_in_flight_for_longer_than_the_limit_makes_its_consumer_slow(
     assert share.rooms().rooms == {1: 3}  # slow now: a quarter of 16, job 1 held
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_slow_receivers_do_not_hold_up_another_channels_consumer(receiver):
     """Three consumers whose receivers take 8 s to answer 200, with 450 jobs between them, and a

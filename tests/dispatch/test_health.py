@@ -205,7 +205,6 @@ def start_dispatcher_through(relay: Relay, *arguments: str) -> subprocess.Popen[
     )
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_readyz_follows_the_database_while_livez_stays_up():
     port = free_port()

@@ -97,7 +97,6 @@ def test_unordered_consumers_ignore_keys(channel, receiver, dispatcher):
     assert claimed_ids(dispatcher) == ["m0", "m1", "m2"]
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_dispatchers_never_deliver_a_key_out_of_order(receiver):
     """Three keys, a failing head on one of them, two dispatcher processes."""

@@ -21,7 +21,7 @@ from tests.helpers import make_consumer
 from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 # Each loop: libcurl is driven by the loop's own watchers.

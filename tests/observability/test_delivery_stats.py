@@ -322,7 +322,6 @@ def test_queue_depths_stop_at_their_bound(history):
     assert str(status_totals(limit=2).queued) == "≥ 2"
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_refresh_waits_for_one_already_running(history):
     billing = history.consumer("billing")
@@ -358,7 +357,6 @@ def test_a_refresh_waits_for_one_already_running(history):
     assert stored(HOUR) == expected(history.sent, 3600)
 
 
-@pytest.mark.postgres
 def test_the_refresh_reads_only_its_window_through_the_started_at_index(history):
     """200,000 attempts over nearly two days; the refresh's query for three minutes must find them
     through attempt_started_idx and reach jobs and messages by primary key, not scan tables."""

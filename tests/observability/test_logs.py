@@ -25,7 +25,14 @@ from tests import ROOT
 from tests.api_server import running_api
 from tests.delivery import push_consumer, run_once, send
 from tests.helpers import make_channel, make_consumer_with_token, make_producer
-from tests.processes import kill_if_running, run_manage, start_dispatcher, stop, wait_until
+from tests.processes import (
+    NEVER_CONNECTED,
+    kill_if_running,
+    run_manage,
+    start_dispatcher,
+    stop,
+    wait_until,
+)
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -217,7 +224,6 @@ def test_a_message_s_trace_id_is_on_its_lines(channel, receiver, dispatcher, del
     assert deliveries()[0].trace_id == trace_id
 
 
-@pytest.mark.postgres  # SQLite stores what PostgreSQL refuses
 def test_each_recorded_attempt_logs_once_when_a_batch_is_recorded_again_one_by_one(
     channel, receiver, dispatcher, deliveries
 ):
@@ -340,7 +346,6 @@ def json_lines(output: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_web_process_logs_one_json_access_line_per_request_and_gunicorn_none():
     with running_api(BROKER_LOG_FORMAT="json") as server:
@@ -364,7 +369,6 @@ def test_the_web_process_logs_one_json_access_line_per_request_and_gunicorn_none
     assert all(text.startswith("{") for text in about_it)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_dispatcher_process_logs_json_lines(receiver):
     make_producer()
@@ -394,7 +398,7 @@ def test_python_json_logger_is_only_loaded_for_json():
         "import logging; logging.getLogger('x').info('hello')\n"
         "print('pythonjsonlogger' in sys.modules)\n"
     )
-    environment = {**os.environ, "DATABASE_URL": "sqlite:///unused.sqlite3"}
+    environment = {**os.environ, "DATABASE_URL": NEVER_CONNECTED}
     environment["DJANGO_SETTINGS_MODULE"] = "broker.settings"
     for log_format, loaded in [("text", "False"), ("json", "True")]:
         result = subprocess.run(

@@ -41,7 +41,6 @@ def test_status_accepts_only_get(client):
     assert client.post("/_status").status_code == 405
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_status_answers_503_when_the_database_is_unreachable(client, monkeypatch):
     connection.close()

@@ -26,6 +26,7 @@ from jobs.models import Job
 from tests import ROOT
 from tests.delivery import push_consumer, run_once
 from tests.helpers import BROADCAST_HEADERS, make_consumer
+from tests.processes import NEVER_CONNECTED
 from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db
@@ -437,7 +438,7 @@ def run_python(code: str, **variables: str) -> subprocess.CompletedProcess[str]:
         for key, value in os.environ.items()
         if not key.startswith("OTEL_") and key != "DJANGO_SETTINGS_MODULE"
     }
-    environment.update(DATABASE_URL="sqlite:///unused.sqlite3", **variables)
+    environment.update(DATABASE_URL=NEVER_CONNECTED, **variables)
     return subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,

@@ -140,7 +140,6 @@ class TestInProcess:
         ]
         assert list(Job.objects.values_list("status", flat=True)) == [DELIVERED, DELIVERED]
 
-    @pytest.mark.postgres  # SQLite: the open transaction holds the only write lock
     def test_no_dispatcher_sees_the_message_before_the_caller_commits(
         self, channel, receiver, dispatcher
     ):
@@ -250,7 +249,6 @@ def assert_succeeded(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, f"{result.args}\n{result.stdout}\n{result.stderr}"
 
 
-@pytest.mark.postgres
 def test_the_example_host_project_publishes_exactly_what_it_commits(host, receiver, tmp_path):
     # The example's seed, with its consumer pointed at the test's receiver.
     seed = (EXAMPLE / "broker-seed.cfg").read_text()

@@ -296,7 +296,6 @@ def test_a_tick_already_published_is_not_published_again(orders):
     assert PeriodicMessage.objects.get().next_run_at == START + timedelta(minutes=1)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_dispatchers_publish_each_tick_exactly_once():
     make_channel("orders")

@@ -1,5 +1,5 @@
 """BROKER_PRODUCER_CHANNELS=bound in process (docs/api.md, "Producers bound to channels"): the
-queue's inserts on both implementations, `publish()` and `publish_many()` (the outbox), scheduled
+queue's inserts, `publish()` and `publish_many()` (the outbox), scheduled
 messages, and periodic messages when they are saved and when they tick."""
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ def stored() -> list[tuple[str, str]]:
     return sorted(Message.objects.values_list("channel_id", "public_id"))
 
 
-# --- the queue's inserts, on each implementation ---------------------------------------------
+# --- the queue's inserts ---------------------------------------------------------------------
 
 
-def test_open_inserts_anywhere_and_bound_only_where_allowed(backend, settings):
+def test_open_inserts_anywhere_and_bound_only_where_allowed(settings):
     assert queue.insert_message(unsaved("audit", "open-1")) == queue.Inserted(True, True)
 
     settings.BROKER_PRODUCER_CHANNELS = "bound"
@@ -78,8 +78,8 @@ def test_open_inserts_anywhere_and_bound_only_where_allowed(backend, settings):
     assert Job.objects.count() == 2
 
 
-def test_both_refusals_are_reported_when_both_apply(backend, bound):
-    """Wrong tokens and no right to the channel: each implementation says both, the same way."""
+def test_both_refusals_are_reported_when_both_apply(bound):
+    """Wrong tokens and no right to the channel: the queue says both."""
     wrong = queue.TokenDigests(hash_token("guess"), hash_token("shop-token"))
     right = queue.TokenDigests(hash_token("audit-token"), hash_token("shop-token"))
 
@@ -92,7 +92,7 @@ def test_both_refusals_are_reported_when_both_apply(backend, bound):
     assert not Message.objects.exists()
 
 
-def test_a_batch_insert_is_refused_whole(backend, bound):
+def test_a_batch_insert_is_refused_whole(bound):
     rows = [queue.NewMessage(f"m-{n}", b"{}", "", 2, "application/json", 0, {}, "") for n in (1, 2)]
 
     refused = queue.insert_messages(queue.MessageBatch("audit", "shop", NOW, rows))
@@ -113,7 +113,7 @@ def test_publish_is_open_by_default():
     assert stored() == [("audit", "m-1"), ("audit", "m-2")]
 
 
-def test_bound_publish_refuses_a_channel_the_producer_is_not_allowed_on(backend, bound):
+def test_bound_publish_refuses_a_channel_the_producer_is_not_allowed_on(bound):
     with pytest.raises(ProducerNotAllowed, match="Producer 'shop' may not publish to channel"):
         publish("audit", {"n": 1}, producer="shop", message_id="m-1")
     with pytest.raises(ProducerNotAllowed):
@@ -148,7 +148,6 @@ def test_bound_a_refused_publish_leaves_the_callers_transaction_usable(bound):
     assert stored() == [("orders", "m-1"), ("orders", "m-3")]
 
 
-@pytest.mark.postgres
 def test_bound_costs_the_publish_no_extra_round_trip(bound):
     """One statement checks channel, producer and the producer's right, and inserts (the test's
     own transaction adds a savepoint around it, as a caller's would)."""

@@ -412,7 +412,6 @@ def test_pending_messages_show_in_message_endpoints_only_when_asked_for(
 # Several dispatchers at once
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_releases_release_every_message_exactly_once():
     channel = make_channel("orders")

@@ -190,7 +190,6 @@ class Statements:
         return [count for sql, count in self.run if "SKIP LOCKED" in sql]
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("kind", [REQUEUE, PURGE])
 def test_each_batch_is_one_statement_binding_no_parameter_per_job(
     billing, monkeypatch, kind, settings
@@ -212,7 +211,6 @@ def test_each_batch_is_one_statement_binding_no_parameter_per_job(
     assert max(count for _, count in statements.run) < 40  # none binds a parameter per job
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_batch_in_progress_blocks_neither_a_dispatcher_nor_another_batch(billing):
     dead_jobs(billing, 5)  # audit gets a QUEUED job of each message
@@ -251,7 +249,6 @@ def test_a_batch_in_progress_blocks_neither_a_dispatcher_nor_another_batch(billi
     assert Job.objects.filter(status=INFLIGHT).count() == 5
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_actions_running_at_once_take_each_job_once(billing, monkeypatch):
     monkeypatch.setattr(dlq_actions, "BATCH_SIZE", 3)

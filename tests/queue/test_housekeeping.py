@@ -70,7 +70,6 @@ def test_purge_deletes_only_old_fully_delivered_messages(channel, settings):
     assert Job.objects.count() == 3
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_replay_that_commits_while_the_purge_waits_keeps_its_message(channel, settings):
     settings.BROKER_RETENTION_DAYS = 30
@@ -149,7 +148,6 @@ def test_install_schedules_is_idempotent():
     assert "0 0 1 1 *" not in set(Schedule.objects.values_list("cron", flat=True))
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_qcluster_runs_due_schedules_and_failures_show_in_the_admin(client):
     due = timezone.now() - timedelta(seconds=1)

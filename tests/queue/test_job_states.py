@@ -173,7 +173,6 @@ def test_bulk_requeue_moves_only_dead_jobs():
     assert (alive.status, alive.attempts) == (INFLIGHT, 2)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("source", "targets"),

@@ -76,7 +76,6 @@ def restored_schema() -> Iterator[None]:
 
 @pytest.mark.usefixtures("restored_schema")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgres
 def test_the_index_is_built_on_every_partition_then_removed_from_all():
     first, second = partitions_with_jobs()
     counts_before = index_counts()
@@ -107,7 +106,6 @@ def test_the_index_is_built_on_every_partition_then_removed_from_all():
 
 @pytest.mark.usefixtures("restored_schema")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgres
 def test_a_build_stopped_half_way_is_completed_by_running_it_again(monkeypatch):
     first, second = partitions_with_jobs()
     add = AddIndexConcurrentlyOnPostgres(model_name="job", index=INDEX)
@@ -133,7 +131,6 @@ def test_a_build_stopped_half_way_is_completed_by_running_it_again(monkeypatch):
 
 @pytest.mark.usefixtures("restored_schema")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgres
 def test_a_statement_that_locks_writers_out_waits_briefly_for_its_lock_and_tries_again(caplog):
     """Waiting behind a long transaction would queue every writer of the table behind it."""
     with writing_transaction() as writer:

@@ -24,7 +24,7 @@ from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from tests import ROOT
 from tests.helpers import make_job
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 DAY = timedelta(days=1)
 
 

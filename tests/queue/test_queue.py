@@ -1,6 +1,4 @@
-"""The job queue's interface (jobs/queue), run once against each implementation: the PostgreSQL
-statements and the portable ORM one. On PostgreSQL both run (the portable one works on any
-database); on SQLite the portable one does."""
+"""The job queue's interface (jobs/queue), run against its statements (jobs/queue/postgres*.py)."""
 
 from __future__ import annotations
 
@@ -59,7 +57,7 @@ def claimed_ids(limit: int = 100, now=None) -> list[str]:
 # --- fan-out ---------------------------------------------------------------------------------
 
 
-def test_a_published_message_gets_one_queued_job_per_consumer(backend, channel):
+def test_a_published_message_gets_one_queued_job_per_consumer(channel):
     make_consumer(channel, "billing")
     make_consumer(channel, "audit", type=Consumer.Type.PULL)
 
@@ -76,7 +74,7 @@ def test_a_published_message_gets_one_queued_job_per_consumer(backend, channel):
     assert {j.enqueued_at for j in jobs} == {NOW}
 
 
-def test_a_message_for_a_channel_without_consumers_is_acknowledged(backend, channel):
+def test_a_message_for_a_channel_without_consumers_is_acknowledged(channel):
     message = publish("m-1")
 
     assert message.status == ACKNOWLEDGED
@@ -84,7 +82,7 @@ def test_a_message_for_a_channel_without_consumers_is_acknowledged(backend, chan
     assert not Job.objects.exists()
 
 
-def test_an_unknown_channel_or_producer_inserts_nothing(backend, channel):
+def test_an_unknown_channel_or_producer_inserts_nothing(channel):
     assert queue.insert_message(unsaved_message("m-1", channel_id="nope")) == queue.Inserted(
         False, True
     )
@@ -94,7 +92,7 @@ def test_an_unknown_channel_or_producer_inserts_nothing(backend, channel):
     assert not Message.objects.exists()
 
 
-def test_a_duplicate_message_id_is_refused(backend, channel):
+def test_a_duplicate_message_id_is_refused(channel):
     make_consumer(channel)
     publish("m-1")
 
@@ -103,7 +101,7 @@ def test_a_duplicate_message_id_is_refused(backend, channel):
     assert Job.objects.count() == 1
 
 
-def test_release_makes_the_jobs_of_due_messages_once(backend, channel):
+def test_release_makes_the_jobs_of_due_messages_once(channel):
     make_consumer(channel, "billing")
     make_consumer(channel, "audit")
     scheduled_message("due", NOW - timedelta(seconds=1))
@@ -118,7 +116,7 @@ def test_release_makes_the_jobs_of_due_messages_once(backend, channel):
     assert Message.objects.get(public_id="later").status == SCHEDULED
 
 
-def test_release_takes_at_most_the_limit_oldest_due_first(backend, channel):
+def test_release_takes_at_most_the_limit_oldest_due_first(channel):
     make_consumer(channel)
     for n in range(3):
         scheduled_message(f"s-{n}", NOW - timedelta(minutes=3 - n))
@@ -130,7 +128,7 @@ def test_release_takes_at_most_the_limit_oldest_due_first(backend, channel):
     }
 
 
-def test_a_message_released_without_consumers_is_acknowledged(backend, channel):
+def test_a_message_released_without_consumers_is_acknowledged(channel):
     scheduled_message("due", NOW)
 
     assert queue.release_due_messages(NOW) == 1
@@ -140,7 +138,7 @@ def test_a_message_released_without_consumers_is_acknowledged(backend, channel):
 # --- the push claim --------------------------------------------------------------------------
 
 
-def test_a_claim_leases_the_best_due_jobs_and_counts_their_attempt(backend, channel):
+def test_a_claim_leases_the_best_due_jobs_and_counts_their_attempt(channel):
     make_consumer(channel)
     publish("low", priority=1)
     publish("high", priority=5)
@@ -156,7 +154,7 @@ def test_a_claim_leases_the_best_due_jobs_and_counts_their_attempt(backend, chan
     assert claimed_ids(now=NOW) == []  # nothing is handed out twice
 
 
-def test_a_claim_returns_what_the_request_needs(backend, channel):
+def test_a_claim_returns_what_the_request_needs(channel):
     consumer = make_consumer(channel)
     publish("m-1", headers={"X-Trace": "a"}, content_type="text/plain", priority=2)
 
@@ -172,7 +170,7 @@ def test_a_claim_returns_what_the_request_needs(backend, channel):
     )
 
 
-def test_paused_pull_and_open_circuit_consumers_get_nothing(backend, channel):
+def test_paused_pull_and_open_circuit_consumers_get_nothing(channel):
     for name in ("paused", "pull", "open"):
         make_consumer(channel, name, type=Consumer.Type.PULL if name == "pull" else "push")
     Consumer.objects.filter(public_id="paused").update(paused=True)
@@ -182,7 +180,7 @@ def test_paused_pull_and_open_circuit_consumers_get_nothing(backend, channel):
     assert claimed_ids() == []
 
 
-def test_a_half_open_circuit_lets_one_probe_through(backend, channel):
+def test_a_half_open_circuit_lets_one_probe_through(channel):
     make_consumer(channel)
     Consumer.objects.update(circuit_open_until=NOW - timedelta(seconds=1))
     publish("m-1")
@@ -192,7 +190,7 @@ def test_a_half_open_circuit_lets_one_probe_through(backend, channel):
     assert claimed_ids() == []  # the probe is in flight
 
 
-def test_a_consumer_never_has_more_than_its_cap_in_flight(backend, channel):
+def test_a_consumer_never_has_more_than_its_cap_in_flight(channel):
     make_consumer(channel)
     Consumer.objects.update(max_in_flight=2)
     for n in range(4):
@@ -202,7 +200,7 @@ def test_a_consumer_never_has_more_than_its_cap_in_flight(backend, channel):
     assert claimed_ids() == []
 
 
-def test_the_default_cap_applies_when_the_consumer_sets_none(backend, channel):
+def test_the_default_cap_applies_when_the_consumer_sets_none(channel):
     make_consumer(channel)
     for n in range(DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER + 1):
         publish(f"m-{n}")
@@ -210,7 +208,7 @@ def test_the_default_cap_applies_when_the_consumer_sets_none(backend, channel):
     assert len(claimed_ids(limit=500)) == DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER
 
 
-def test_an_ordered_consumer_gets_only_the_head_of_each_key(backend, channel):
+def test_an_ordered_consumer_gets_only_the_head_of_each_key(channel):
     make_consumer(channel)
     Consumer.objects.update(ordering=Consumer.Ordering.ORDERED)
     for message_id, key in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
@@ -241,7 +239,7 @@ def record(results: list[AttemptResult], outcomes: list[Outcome]) -> dict[int, O
     return queue.record_outcomes(results, by_job, answered, "test-dispatcher", NOW)
 
 
-def test_outcomes_move_jobs_and_record_attempts(backend, channel):
+def test_outcomes_move_jobs_and_record_attempts(channel):
     make_consumer(channel)
     for message_id in ("ok", "retry", "dead"):
         publish(message_id)
@@ -270,7 +268,7 @@ def test_outcomes_move_jobs_and_record_attempts(backend, channel):
     }
 
 
-def test_an_outcome_of_an_older_claim_moves_nothing(backend, channel):
+def test_an_outcome_of_an_older_claim_moves_nothing(channel):
     make_consumer(channel)
     publish("m-1")
     [first] = queue.claim_for_push(1, NOW)
@@ -285,7 +283,7 @@ def test_an_outcome_of_an_older_claim_moves_nothing(backend, channel):
     assert DeliveryAttempt.objects.count() == 1  # the attempt happened all the same
 
 
-def test_a_delivery_closes_the_circuit_of_its_consumer(backend, channel):
+def test_a_delivery_closes_the_circuit_of_its_consumer(channel):
     make_consumer(channel)
     Consumer.objects.update(circuit_failures=3)
     publish("m-1")
@@ -296,7 +294,7 @@ def test_a_delivery_closes_the_circuit_of_its_consumer(backend, channel):
     assert Consumer.objects.get().circuit_failures == 0
 
 
-def test_unsent_jobs_go_back_without_using_an_attempt(backend, channel):
+def test_unsent_jobs_go_back_without_using_an_attempt(channel):
     make_consumer(channel)
     publish("m-1")
     [job] = queue.claim_for_push(1, NOW)
@@ -308,7 +306,7 @@ def test_unsent_jobs_go_back_without_using_an_attempt(backend, channel):
 # --- pull consumers --------------------------------------------------------------------------
 
 
-def test_a_pull_claim_follows_the_same_ordering_rule(backend, channel):
+def test_a_pull_claim_follows_the_same_ordering_rule(channel):
     consumer = make_consumer(channel, "worker", type=Consumer.Type.PULL)
     Consumer.objects.update(ordering=Consumer.Ordering.ORDERED)
     consumer.refresh_from_db()

@@ -1,6 +1,5 @@
-"""The delivery rate limit per consumer and 429 throttling (docs/delivery.md, "Rate limit"), on
-each implementation of the queue (tests/queue/test_queue.py says how), and across two
-dispatchers' claims at once on PostgreSQL."""
+"""The delivery rate limit per consumer and 429 throttling (docs/delivery.md, "Rate limit"), through
+the queue's claim, and across two dispatchers' claims at once."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def claims(now, limit: int = 100) -> list[tuple[str, object]]:
     return [(job.message.message_id, job.send_at) for job in queue.claim_for_push(limit, now)]
 
 
-def test_a_claim_books_slots_one_second_ahead_spaced_by_the_rate(backend, channel):
+def test_a_claim_books_slots_one_second_ahead_spaced_by_the_rate(channel):
     consumer = paced_consumer(channel, per_second=2)
     for n in range(5):
         publish(f"m-{n}")
@@ -58,7 +57,7 @@ def test_a_claim_books_slots_one_second_ahead_spaced_by_the_rate(backend, channe
     assert claims(NOW + seconds(0.6)) == [("m-3", NOW + seconds(1.5))]
 
 
-def test_jobs_held_back_keep_their_order(backend, channel):
+def test_jobs_held_back_keep_their_order(channel):
     paced_consumer(channel, per_second=1)
     for n in range(4):
         publish(f"m-{n}", priority=1 if n == 3 else 0)
@@ -68,7 +67,7 @@ def test_jobs_held_back_keep_their_order(backend, channel):
     assert taken == ["m-3", "m-0", "m-1", "m-2"]  # priority first, then publish order
 
 
-def test_slots_left_unused_are_not_saved_up_for_a_burst(backend, channel):
+def test_slots_left_unused_are_not_saved_up_for_a_burst(channel):
     consumer = paced_consumer(channel, per_second=2)
     consumer.next_slot_at = NOW - timedelta(hours=1)
     consumer.save()
@@ -78,7 +77,7 @@ def test_slots_left_unused_are_not_saved_up_for_a_burst(backend, channel):
     assert claims(NOW) == [("m-0", NOW), ("m-1", NOW + seconds(0.5))]
 
 
-def test_a_slow_rate_still_books_one_slot(backend, channel):
+def test_a_slow_rate_still_books_one_slot(channel):
     paced_consumer(channel, per_second=0.1)
     publish("m-0")
     publish("m-1")
@@ -87,7 +86,7 @@ def test_a_slow_rate_still_books_one_slot(backend, channel):
     assert claims(NOW + seconds(9.5)) == [("m-1", NOW + seconds(10))]
 
 
-def test_the_in_flight_cap_and_the_claim_limit_use_only_the_slots_of_jobs_taken(backend, channel):
+def test_the_in_flight_cap_and_the_claim_limit_use_only_the_slots_of_jobs_taken(channel):
     consumer = paced_consumer(channel, per_second=10)
     for n in range(20):
         publish(f"m-{n}")
@@ -97,7 +96,7 @@ def test_the_in_flight_cap_and_the_claim_limit_use_only_the_slots_of_jobs_taken(
     assert consumer.next_slot_at == NOW + seconds(0.3)
 
 
-def test_an_unlimited_consumer_is_not_held_back(backend, channel):
+def test_an_unlimited_consumer_is_not_held_back(channel):
     paced_consumer(channel, "slow", per_second=1)
     make_consumer(channel, "fast")
     for n in range(5):
@@ -110,7 +109,7 @@ def test_an_unlimited_consumer_is_not_held_back(backend, channel):
     assert len(handed) == 6
 
 
-def test_a_429_with_retry_after_holds_back_every_job_of_its_consumer(backend, channel):
+def test_a_429_with_retry_after_holds_back_every_job_of_its_consumer(channel):
     throttled = make_consumer(channel, "billing")
     make_consumer(channel, "audit")
     for n in range(3):
@@ -140,7 +139,7 @@ def test_a_429_with_retry_after_holds_back_every_job_of_its_consumer(backend, ch
     assert {job.job_id for job in after} >= set(waiting.values_list("pk", flat=True))
 
 
-def test_a_later_throttle_is_not_shortened_by_a_shorter_retry_after(backend, channel):
+def test_a_later_throttle_is_not_shortened_by_a_shorter_retry_after(channel):
     consumer = make_consumer(channel)
     consumer.throttled_until = NOW + seconds(60)
     consumer.save()
@@ -179,7 +178,6 @@ def test_which_answers_throttle_a_consumer(channel, status, retry_after, held_fo
     assert outcome.throttle_until == expected
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_skips_a_consumer_another_claim_is_booking_without_waiting(channel):
     """While one dispatcher's claim holds the paced consumer's row, another claim takes nothing

@@ -18,7 +18,7 @@ from jobs.states import DELIVERED, QUEUED
 from tests.helpers import make_consumer
 from tests.queue.test_queue import publish
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 DAY = timedelta(days=1)
 NOW = datetime(2031, 3, 10, 12, tzinfo=UTC)  # the jobs' creation, and the claim's time
 CARRIED = NOW + 2 * DAY  # where retention carried them: a newer partition than their creation's
@@ -62,7 +62,7 @@ def scans_by_partition() -> dict[str, int]:
         return dict(cursor.fetchall())
 
 
-def test_outcomes_of_jobs_carried_to_a_newer_partition_are_recorded_there_alone(backend, channel):
+def test_outcomes_of_jobs_carried_to_a_newer_partition_are_recorded_there_alone(channel):
     make_consumer(channel)
     for message_id in ("ok", "retry"):
         publish(message_id, received_at=NOW)
@@ -93,7 +93,7 @@ def test_outcomes_of_jobs_carried_to_a_newer_partition_are_recorded_there_alone(
     assert sorted(recorded) == sorted([(jobs["ok"].pk, 200), (jobs["retry"].pk, 500)])
 
 
-def test_a_job_carried_forward_after_its_claim_gets_nothing_of_that_claim(backend, channel):
+def test_a_job_carried_forward_after_its_claim_gets_nothing_of_that_claim(channel):
     """Its lease expired, the sweep gave it back, retention carried it to another partition: the
     old claim's outcome no longer names it (as if it had been deleted), and no attempt row is
     written for it, nor does it move, whichever way the attempt ended."""

@@ -867,7 +867,6 @@ def test_a_rejected_request_in_the_middle_of_good_ones_leaves_no_trace(client):
 # --- the production server's own limits --------------------------------------------------------
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_gunicorn_refuses_oversized_headers_and_request_lines_and_keeps_serving():
     """The test client has no header limits; gunicorn, the production server, has (8 KiB a

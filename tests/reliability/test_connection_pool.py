@@ -40,7 +40,7 @@ def test_postgresql_gets_a_pool_by_default(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("DATABASE_CONN_MAX_AGE", raising=False)
 
-    pool = database_pool(POSTGRES)
+    pool = database_pool()
 
     assert pool is not None
     assert (pool["min_size"], pool["max_size"], pool["timeout"]) == (0, 4, 5.0)
@@ -52,7 +52,7 @@ def test_the_pool_is_configured_from_the_environment(monkeypatch):
     monkeypatch.setenv("DATABASE_POOL_MAX_SIZE", "8")
     monkeypatch.setenv("DATABASE_POOL_TIMEOUT", "2.5")
 
-    pool = database_pool(POSTGRES)
+    pool = database_pool()
 
     assert pool is not None
     assert (pool["max_size"], pool["timeout"]) == (8, 2.5)
@@ -62,9 +62,8 @@ def test_without_the_pool_each_thread_keeps_its_connection_for_a_minute(monkeypa
     monkeypatch.setenv("DATABASE_POOL", "false")
     monkeypatch.delenv("DATABASE_CONN_MAX_AGE", raising=False)
 
-    assert database_pool(POSTGRES) is None
+    assert database_pool() is None
     assert database_conn_max_age(pooled=False) == 60
-    assert database_pool("django.db.backends.sqlite3") is None  # SQLite never has one
 
 
 @pytest.mark.parametrize(
@@ -80,7 +79,7 @@ def test_bad_pool_settings_stop_the_process(monkeypatch, name, raw, message):
     monkeypatch.setenv(name, raw)
 
     with pytest.raises(ImproperlyConfigured, match=message):
-        database_pool(POSTGRES)
+        database_pool()
 
 
 def test_a_connection_age_with_the_pool_is_refused(monkeypatch):
@@ -93,7 +92,6 @@ def test_a_connection_age_with_the_pool_is_refused(monkeypatch):
 # --- a pool that is used up ---------------------------------------------------------------
 
 
-@pytest.mark.postgres
 @needs_the_pool
 @pytest.mark.django_db(transaction=True)
 def test_a_request_that_finds_the_pool_used_up_gets_503(client, settings, monkeypatch):
@@ -127,7 +125,6 @@ def _report_backend_pid(answer) -> None:
     answer.put(backend_pid())
 
 
-@pytest.mark.postgres
 @needs_the_pool
 @pytest.mark.django_db(transaction=True)
 def test_a_forked_process_does_not_share_its_parents_connections():
@@ -185,7 +182,6 @@ def broadcast(server: ApiServer, number: int) -> int:
     return server.request("POST", "/channel/orders/broadcast", b'{"n": 1}', headers).status
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_runserver_holds_no_more_connections_than_the_pool_under_concurrent_producers():
     make_consumer(make_channel())

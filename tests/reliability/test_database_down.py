@@ -34,7 +34,6 @@ from tests.helpers import (
 )
 
 pytestmark = [
-    pytest.mark.postgres,
     pytest.mark.disruptive,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(

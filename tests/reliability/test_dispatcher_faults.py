@@ -41,7 +41,6 @@ def channel(receiver):
     return channel
 
 
-@pytest.mark.postgres  # SQLite stores what PostgreSQL refuses
 def test_a_result_the_database_refuses_keeps_only_its_own_job_back(channel, caplog):
     """One result that cannot be recorded (here text with a NUL, which PostgreSQL refuses) must
     not take the batch's other outcomes with it: they are recorded one by one."""
@@ -60,7 +59,6 @@ def test_a_result_the_database_refuses_keeps_only_its_own_job_back(channel, capl
     assert "recording 6 delivery outcomes failed" in caplog.text
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_step_that_fails_every_time_is_logged_and_the_loop_delivers_on(
     channel, receiver, monkeypatch, caplog
@@ -90,7 +88,6 @@ def test_a_step_that_fails_every_time_is_logged_and_the_loop_delivers_on(
     assert len(receiver.received) == 20
 
 
-@pytest.mark.postgres
 def test_a_database_without_the_schema_stops_the_dispatcher_saying_so():
     """The one reason a dispatcher ends on its own: tables missing (migrations not run). It
     exits non-zero with a message naming the remedy, rather than logging for ever."""
@@ -123,7 +120,6 @@ def test_a_database_without_the_schema_stops_the_dispatcher_saying_so():
     assert "Traceback" not in output
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_names_that_never_resolve_do_not_hold_up_other_consumers(receiver, monkeypatch):
     """A tenant's callback names whose DNS never answers (more of them than Python's default

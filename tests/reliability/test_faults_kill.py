@@ -22,7 +22,7 @@ from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 MESSAGES = 6000
 DISPATCHERS = 3

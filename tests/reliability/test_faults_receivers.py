@@ -17,7 +17,7 @@ from tests.helpers import make_channel, make_consumer, make_producer
 from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.reliability.faulty_receiver import BEHAVIOURS, FaultyReceiver
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 MESSAGES = 6
 # What each behaviour must end as, and a word its dead jobs' reason must contain.

@@ -273,7 +273,6 @@ def test_a_consumer_whose_row_cannot_be_read_fails_alone_and_is_recorded(receive
     assert receiver.paths() == ["/polite"]
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_dispatch_process_outlives_every_hostile_receiver_and_keeps_delivering(
     faulty_receiver, receiver
@@ -325,7 +324,6 @@ def test_the_dispatch_process_outlives_every_hostile_receiver_and_keeps_deliveri
     assert set(hostile.values_list("status", flat=True)) == {QUEUED}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_cookie_one_receiver_sets_never_reaches_another():
     """Host names, not IP literals: cookie jars may ignore IP hosts, and a cookie set for

@@ -46,7 +46,7 @@ from tests.helpers import (
 from tests.reliability.hostile import PROPERTY, form_encoded, unstorable_text
 
 # PostgreSQL: "changed nothing" is a digest of every table, taken in SQL (tests/db_snapshot.py).
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 
 WORKER = "/channel/orders/consumer/worker"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -21,7 +21,7 @@ import pytest
 from tests.api_server import ApiServer, running_documented_api
 from tests.helpers import make_channel, make_consumer_with_token, make_producer, tokens
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 WORKERS = 2  # gunicorn worker processes, as `manage.py runbroker` starts by default
 PULLERS = 10  # more than the server's threads (2 x 4), let alone its processes

@@ -19,7 +19,7 @@ from tests.helpers import make_channel, make_producer
 from tests.processes import kill_if_running, start_dispatcher, wait_until
 from tests.receiver import Reply
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_the_broker_sessions_bound_lock_waits_and_idle_transactions():

@@ -36,7 +36,7 @@ from tests.delivery import run_once
 from tests.processes import kill_if_running, start_dispatcher, stop, wait_until
 from tests.receiver import Reply
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def new_secret(kind: str) -> str:

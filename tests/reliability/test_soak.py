@@ -18,7 +18,7 @@ import pytest
 from tests import ROOT
 from tests.faults import report
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 SOAK = ["bench/soak.py", "--seconds", "60", "--rate", "20", "--sample-seconds", "5"]
 # Only against a soak that hangs: it ends by itself once no job was delivered for 120 s.
 HANG_SECONDS = 1800

@@ -35,7 +35,6 @@ MISSING = missing_requirement()
 
 # Module-level marks of the Spark tests on small frames, with no database.
 spark_only = [
-    pytest.mark.postgres,  # skipped on SQLite by tests/conftest.py, as the suite's Spark part
     pytest.mark.skipif(MISSING is not None, reason=MISSING or ""),
 ]
 # Module-level marks of the Spark tests against the test database.

@@ -6,7 +6,6 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import CommandError
 from django_q.models import Schedule  # type: ignore[import-untyped]
 
 from jobs.models import DeliveryReport
@@ -14,7 +13,6 @@ from tests.spark.conftest import MISSING
 from tests.spark.history import make_history
 
 
-@pytest.mark.postgres
 @pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("etl_config")
@@ -46,13 +44,3 @@ def test_install_schedules_adds_and_removes_the_nightly_runs():
     assert Schedule.objects.filter(name__contains="spark_etl").count() == 2
     call_command("install_schedules", "--no-spark", stdout=StringIO())
     assert not Schedule.objects.filter(name__contains="spark_etl").exists()
-
-
-@pytest.mark.django_db
-def test_manage_py_refuses_a_store_other_than_postgresql(settings):
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        pytest.skip("checks the SQLite refusal")
-    with pytest.raises(CommandError, match="PostgreSQL"):
-        call_command("spark_etl", "report")

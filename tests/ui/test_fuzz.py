@@ -6,7 +6,7 @@ of broker/ui/urls.py, logged in as a superuser: every query parameter its page r
 the page runs, so a parameter added later cannot be missed), every path segment, and the form fields
 of the actions, each given hostile values: NUL bytes, huge strings, dates at and past the ends of
 the calendar, numbers beyond a bigint, tampered cursors, unicode, path tricks. Then hypothesis sends
-generated text to every query parameter. The same on PostgreSQL and SQLite.
+generated text to every query parameter.
 """
 
 from __future__ import annotations

@@ -238,7 +238,6 @@ def plan_of(filters: dict[str, str]) -> str:
     return pending_messages(form)[:51].explain()
 
 
-@pytest.mark.postgres
 def test_the_list_of_every_channel_reads_the_release_index_in_order(orders, clock):
     a_scheduled_backlog(["orders", "refunds", "returns"], 2000)
 
@@ -248,7 +247,6 @@ def test_the_list_of_every_channel_reads_the_release_index_in_order(orders, cloc
         assert not full_sort(plan)  # read in order: a page costs a page
 
 
-@pytest.mark.postgres
 def test_one_channels_list_reads_its_own_partial_index_in_order(orders, clock):
     a_scheduled_backlog(["orders", "refunds", "returns"], 2000)
 

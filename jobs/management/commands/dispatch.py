@@ -47,8 +47,7 @@ class Command(BaseCommand):
             "--poll-seconds",
             type=float,
             default=defaults.poll_seconds,
-            help="longest idle wait when no NOTIFY arrives; the only wake-up on SQLite"
-            " (default: %(default)s)",
+            help="longest idle wait when no NOTIFY arrives (default: %(default)s)",
         )
         parser.add_argument(
             "--grace-seconds",

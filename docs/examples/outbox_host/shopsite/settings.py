@@ -25,8 +25,8 @@ INSTALLED_APPS = [
     "shop",
 ]
 
-# One database for the shop's tables and the broker's: that is what makes the outbox atomic.
-# `parse_database_url` also gives SQLite the options the dispatcher needs (WAL, IMMEDIATE).
+# One database for the shop's tables and the broker's, PostgreSQL: that is what makes the outbox
+# atomic.
 DATABASES = {
     "default": parse_database_url(
         os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/shop")
