@@ -59,10 +59,18 @@ _MESSAGE = Message._meta.db_table
 # - taken: those rows locked, skipping any already locked, up to the batch size. Found by the whole
 #   primary key, (id, partition_at): by id alone the planner, misled by the statistics of a young
 #   partition (taken while no job waited), walked a partial index for each candidate and the
-#   empty-table drain fell from about 2,600 to 600 jobs/s (docs/performance.md);
+#   empty-table drain fell from about 2,600 to 600 jobs/s (docs/performance.md). The whole key
+#   was not enough while `status = 'QUEUED'` stood beside it: with statistics that put one
+#   QUEUED job in the partition, the claim's prepared statement (a generic plan) scanned a whole
+#   partial index of QUEUED jobs for each candidate, 18,000 entries each while a frozen
+#   dispatcher held vacuum back (bench/isolation.py's sigstop row: claims of 300-800 ms). So
+#   each candidate is looked up in a LATERAL subquery by its key alone, which no partial index
+#   serves (a primary-key probe), locked there, and its status is checked outside once locked
+#   (LIMIT 1 keeps that check out of the subquery);
 # - slotted: a paced consumer's jobs get its next slots in their order, 1/per_second apart, and
 #   booked moves its next free slot past them: only the jobs taken use slots;
-# - the UPDATE moves them to INFLIGHT with a lease and the dispatcher's name (claimed_by: its jobs
+# - the UPDATE (by the whole key alone, as taken: those rows are locked and QUEUED) moves them
+#   to INFLIGHT with a lease and the dispatcher's name (claimed_by: its jobs
 #   go back early if it dies, jobs/queue/dispatchers.py), counts the attempt and returns the
 #   columns of types.CLAIM_COLUMNS and the send time.
 # A consumer's cap holds per claim; claims of several dispatchers at the same moment can each fill
@@ -159,12 +167,15 @@ candidate AS (
 ),
 taken AS MATERIALIZED (
     SELECT j.id, j.partition_at, j.consumer_id, candidate.priority, candidate.next_attempt_at
-    FROM {_JOB} j
-        JOIN candidate ON candidate.id = j.id AND candidate.partition_at = j.partition_at
+    FROM candidate CROSS JOIN LATERAL (
+        SELECT j.id, j.partition_at, j.consumer_id, j.status FROM {_JOB} j
+        WHERE j.id = candidate.id AND j.partition_at = candidate.partition_at
+        LIMIT 1
+        FOR UPDATE OF j SKIP LOCKED
+    ) j
     WHERE j.status = '{QUEUED.value}'
     ORDER BY candidate.priority DESC, candidate.turn, candidate.next_attempt_at
     LIMIT %(limit)s
-    FOR UPDATE OF j SKIP LOCKED
 ),
 slotted AS (
     SELECT taken.id, taken.partition_at,
@@ -187,7 +198,7 @@ SET status = '{INFLIGHT.value}', status_changed_at = %(now)s, attempts = j.attem
     lease_expires_at = %(lease_until)s, claimed_by = %(dispatcher)s
 FROM slotted, {_MESSAGE} m, {_CONSUMER} c
 WHERE j.id = slotted.id AND j.partition_at = slotted.partition_at
-    AND j.status = '{QUEUED.value}' AND m.id = j.message_id AND c.id = j.consumer_id
+    AND m.id = j.message_id AND c.id = j.consumer_id
 RETURNING j.id, j.partition_at, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at,
     j.created_at, m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
     m.traceparent, m.tracestate, m.event_type, slotted.send_at
