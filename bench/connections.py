@@ -63,7 +63,7 @@ from psycopg import sql
 NAME = "bench_connections"  # the role and the database
 RUNSERVER = "runserver"
 # What a developer runs, the documented production setup (2 x cores + 1 sync workers) and the
-# gthread setup docs/performance.md compares with it.
+# gthread setup docs/performance-history.md compares with it.
 DEFAULT_SERVERS = [RUNSERVER, f"sync:{2 * CORES + 1}", f"gthread:{CORES}x4"]
 SERVER, DISPATCHER, QCLUSTER = "server", "dispatcher", "qcluster"
 AdminConnection = psycopg.Connection[tuple[object, ...]]

@@ -7,7 +7,7 @@ Each run publishes `--messages` messages of type `order.created` from this proce
 `bench_event_types` (dropped at the end). It prints, per run, messages/s, this process's CPU and
 PostgreSQL's CPU per message, and checks with SQL that every message got exactly the expected
 jobs; then the medians and the verdict: the filtered channel's rate is to be within 10 % of the
-unfiltered one's (docs/performance.md, "Event types at publish (issue 19)").
+unfiltered one's (docs/performance-history.md, "Event types at publish (issue 19)").
 
     .venv/bin/python bench/event_types.py
     .venv/bin/python bench/event_types.py --messages 5000 --rounds 5

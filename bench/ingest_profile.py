@@ -1,5 +1,6 @@
 """Shares of the broadcast server's CPU by step, from the py-spy raw profile `bench/ingest.py
---profile FILE` records, as docs/performance.md ("Ingest: broadcast throughput") reports them.
+--profile FILE` records, as docs/performance-history.md ("Ingest: broadcast throughput") reports
+them.
 
 Each stack counts for the first step whose rule matches it, so the steps go from the innermost
 (the statement, the token check) to the outermost (the HTTP server); samples of start-up (imports,

@@ -1,5 +1,6 @@
 """Shares of a dispatcher's CPU by step, from a py-spy raw profile of `manage.py dispatch`, as
-docs/performance.md, "Where the dispatcher's CPU goes now, and the lever left", reports them.
+docs/performance-history.md, "Where the dispatcher's CPU goes now, and the lever left", reports
+them.
 
 Each stack counts for the first step whose rule matches it; stacks of start-up (imports, before
 the loop runs) are left out.

@@ -95,7 +95,7 @@ def _postgres_session_options(options: dict[str, Any]) -> dict[str, Any]:
     if _server_setting(ServerEnvironment.DATABASE_JIT) == "off":
         # The broker's queries are short index lookups, but on large tables their cost estimates
         # pass jit_above_cost and PostgreSQL compiles them: at 25,000,000 jobs the push claim
-        # took 800-930 ms with JIT against 19-21 ms without (docs/performance.md).
+        # took 800-930 ms with JIT against 19-21 ms without (docs/performance-history.md).
         session.append("-c jit=off")
     # No session of the broker waits for ever on another's lock, nor holds its own for ever
     # when its process stops mid-transaction (frozen, or cut off by the network): issue 36.

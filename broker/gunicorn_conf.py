@@ -19,9 +19,9 @@ CONFIG = "python:broker.gunicorn_conf"
 # whole server (issue 36). A process lets fewer claims wait than it has threads
 # (BROKER_PULL_WAITERS_PER_PROCESS, jobs/api/long_poll.py), so every other request finds one.
 # 4: the connection pool's default size (DATABASE_POOL_MAX_SIZE), and 2 workers x 4 threads cost
-# the least server CPU per broadcast of the gunicorn setups measured (docs/performance.md). The
-# gthread worker's heartbeat comes from its main loop, so a long request is never taken for a
-# hung worker (--timeout).
+# the least server CPU per broadcast of the gunicorn setups measured
+# (docs/performance-history.md). The gthread worker's heartbeat comes from its main loop, so a
+# long request is never taken for a hung worker (--timeout).
 worker_class = "gthread"
 threads = 4
 

@@ -31,8 +31,8 @@ MAX_HEADER_VALUE_LENGTH = 8192
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,255}\Z")  # an RFC 9110 token
 _UNSAFE_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but tab
 # The model's rule for message IDs, compiled here: Django's validator reaches its pattern through
-# a lazy proxy, a tenth of a batch broadcast's time in py-spy (docs/performance.md, "Batch ingest
-# (issue 18)").
+# a lazy proxy, a tenth of a batch broadcast's time in py-spy (docs/performance-history.md,
+# "Batch ingest (issue 18)").
 _MESSAGE_ID = re.compile(MESSAGE_ID_PATTERN)
 
 # Metadata headers that are never kept, so never stored, delivered or handed to pull consumers:

@@ -1,7 +1,7 @@
 """Deliveries over libcurl, the broker's one HTTP sender: pycurl's multi interface on the running
 loop (jobs/curl_multi.py), for jobs/delivery.py's `deliver`. It does the HTTP work in C: 1.6-1.9
-times less CPU per request than aiohttp in bench/http_clients.py (docs/performance.md, "Delivery:
-HTTP clients compared (issue 18)"), which is why it replaced aiohttp (issue 37).
+times less CPU per request than aiohttp in bench/http_clients.py (docs/performance-history.md,
+"Delivery: HTTP clients compared (issue 18)"), which is why it replaced aiohttp (issue 37).
 
 What it keeps, and how:
 

@@ -1,6 +1,6 @@
 """libcurl's multi interface (pycurl) driven by the running asyncio loop: the transport of
-jobs/curl_delivery.py and bench/http_clients.py (measured in docs/performance.md, "Delivery: HTTP
-clients compared (issue 18)").
+jobs/curl_delivery.py and bench/http_clients.py (measured in docs/performance-history.md,
+"Delivery: HTTP clients compared (issue 18)").
 
 libcurl does the HTTP work (connections, keep-alive, writing requests, parsing answers) in C; the
 loop only watches the sockets libcurl asks it to (CURLMOPT_SOCKETFUNCTION) and its one timer

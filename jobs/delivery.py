@@ -294,7 +294,7 @@ def _result(
 
     Only failures keep headers: they are what an operator reads to find out why, and keeping
     them for every 2xx cost the dispatcher about a quarter more CPU per delivery
-    (docs/performance.md, "Attempt headers (issue 20)")."""
+    (docs/performance-history.md, "Attempt headers (issue 20)")."""
     result = AttemptResult(
         request.job_id,
         request.partition_at,

@@ -49,8 +49,8 @@ KEPT = timedelta(days=7)  # a finished action's progress stays readable this lon
 # times as long as the batch took, so that it works at most a quarter of the time. On the 2-core
 # bench (bench/scale.py --dlq-actions), a requeue of 1,075,560 dead jobs slowed other consumers'
 # deliveries to 64 % of their rate at full speed, to 76 % working 40 % of the time, and left
-# them 83 % working a quarter (docs/performance.md); an action is a background job, deliveries
-# are not.
+# them 83 % working a quarter (docs/performance-history.md); an action is a background job,
+# deliveries are not.
 YIELD_RATIO = 3.0
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC)  # where an action without `since` starts
 

@@ -330,7 +330,7 @@ def recent(span: DeliveryStats.Span, periods: int, now: datetime | None = None) 
     The counts are added up by the database, per consumer and per period; only the latency
     histograms come back row by row, each added to its consumer's alone (the total's is its
     consumers' added up once). A dashboard over 200 consumers covers 16,800 rows: read whole,
-    their times alone cost it tens of milliseconds (docs/performance.md, fifth session).
+    their times alone cost it tens of milliseconds (docs/performance-history.md, fifth session).
     """
     now = now or timezone.now()
     since = _floor(now, span) - timedelta(seconds=span * (periods - 1))

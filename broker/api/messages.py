@@ -144,7 +144,7 @@ def _message_counts(channel: Channel) -> dict[str, Any]:
     waiting ones: one statement (one snapshot), each part answered by an index alone:
     message_channel_status_idx, message_channel_scheduled_idx, message_channel_pending_idx
     (broker/models.py). Grouping by status with a count of the scheduled ones read every message
-    of the channel from the table (584 ms at 25,000,000 jobs, docs/performance.md)."""
+    of the channel from the table (584 ms at 25,000,000 jobs, docs/performance-history.md)."""
     of_channel = Message.objects.filter(channel=OuterRef("pk")).order_by()
     counted = {s.value: _counted(of_channel.filter(status=s)) for s in Message.Status}
     waiting = of_channel.filter(status=Message.Status.SCHEDULED).order_by("scheduled_for")

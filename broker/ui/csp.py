@@ -43,7 +43,7 @@ def applies_to(path: str) -> bool:
 @functools.lru_cache(maxsize=8)
 def _policed_paths(script_prefix: str, urlconf: str | None) -> tuple[str, str]:
     """Reversed once per prefix and URLconf (the arguments are the cache's key), not on every
-    request: two reverse() calls were 3 % of a broadcast's CPU (docs/performance.md)."""
+    request: two reverse() calls were 3 % of a broadcast's CPU (docs/performance-history.md)."""
     return reverse("ui:dashboard"), reverse("admin:login")
 
 

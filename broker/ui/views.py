@@ -64,7 +64,8 @@ class DeadJobFilters(forms.Form):
         if last is not None:
             # The window as a range of the index rather than a list of keys: with a list the
             # planner may read every dead job in order and test each against the list (with
-            # partitioned tables it did, docs/performance.md), with a range it reads SEARCHED.
+            # partitioned tables it did, docs/performance-history.md), with a range it reads
+            # SEARCHED.
             jobs = DEAD_JOBS_ORDER.through(jobs, (last.status_changed_at, last.pk))
         data = self.cleaned_data
         if data["status_code"] is not None:

@@ -2,9 +2,9 @@
 
 Both look-ups are written in SQL (any database's): every request of a pull worker (claim, report,
 a job's acknowledgement) makes them, and compiling them through the ORM cost more than all the
-rest of an acknowledgement (docs/performance.md, "Pull: batch acknowledgement (issue 18)"). They
-still give model instances: the fields left out (signing secrets, a message's body) load if ever
-touched.
+rest of an acknowledgement (docs/performance-history.md, "Pull: batch acknowledgement (issue
+18)"). They still give model instances: the fields left out (signing secrets, a message's body)
+load if ever touched.
 """
 
 from __future__ import annotations

@@ -109,11 +109,11 @@ FOR UPDATE SKIP LOCKED
 # row count the planner guessed for the batch. The range of their time partitions is named too
 # (a range: PostgreSQL prunes partitions by it as the statement runs, but not by an array of
 # values): it then reads only those partitions, where by id alone it probed every partition's
-# index for every job (docs/performance.md). A dead job's attempts started after it was created and
-# before it died: only the attempt partitions between the batch's oldest creation and latest
-# death are read (CLOCK_ALLOWANCE wider each way, for the clocks of other hosts). An attempt
-# recorded more than that after its job died (by a dispatcher stalled for a day) is left behind,
-# an orphan row that goes with its partition.
+# index for every job (docs/performance-history.md). A dead job's attempts started after it was
+# created and before it died: only the attempt partitions between the batch's oldest creation
+# and latest death are read (CLOCK_ALLOWANCE wider each way, for the clocks of other hosts). An
+# attempt recorded more than that after its job died (by a dispatcher stalled for a day) is left
+# behind, an orphan row that goes with its partition.
 _ALLOWANCE = f"interval '{CLOCK_ALLOWANCE.total_seconds():.0f} seconds'"
 _PICKED = "ANY(ARRAY(SELECT id FROM picked))"
 _PICKED_JOBS = f"""id = {_PICKED} AND status = '{DEAD}'

@@ -4,7 +4,7 @@ The statement is built by jobs/queue/postgres.py (with the job columns and the N
 fan-out statements use) from the text here, and run there; this module holds its SQL, the
 parameter it takes (the batch as one JSON array, read by jsonb_array_elements) and the reading of
 its answer.
-Why one statement: docs/performance.md, "Batch ingest (issue 18)".
+Why one statement: docs/performance-history.md, "Batch ingest (issue 18)".
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ FROM (SELECT array_agg(public_id) AS public_ids, array_agg(id) AS keys FROM mess
 def batch_parameters(batch: MessageBatch) -> dict[str, Any]:
     """The statement's parameters: the messages as one JSON array, in the batch's order.
 
-    One text parameter rather than an array per column: psycopg writes arrays element by element
-    in Python, a third of the web worker's time per batch (docs/performance.md, "Batch ingest
+    One text parameter rather than an array per column: psycopg writes arrays element by element in
+    Python, a third of the web worker's time per batch (docs/performance-history.md, "Batch ingest
     (issue 18)"), where the JSON encoder and PostgreSQL's JSON reader are C. A message is a JSON
     array, not an object (a quarter of the encoding time); payloads travel in hex (JSON has no
     bytes, and hex is the cheapest encoding to write); every other text was checked free of NUL,

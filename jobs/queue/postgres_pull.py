@@ -3,7 +3,8 @@ in one statement, an acknowledgement in one, a report's read and its moves in on
 
 Pull workers ask over HTTP for batches of 50 to 500 jobs; what costs there is the interpreter's
 work per job, so the statements return only what the answer and the log lines need, and no ORM
-query is compiled on the way (docs/performance.md, "Pull: batch acknowledgement (issue 18)").
+query is compiled on the way (docs/performance-history.md, "Pull: batch acknowledgement (issue
+18)").
 """
 
 from __future__ import annotations

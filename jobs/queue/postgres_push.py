@@ -59,8 +59,8 @@ _MESSAGE = Message._meta.db_table
 # - taken: those rows locked, skipping any already locked, up to the batch size. Found by the whole
 #   primary key, (id, partition_at): by id alone the planner, misled by the statistics of a young
 #   partition (taken while no job waited), walked a partial index for each candidate and the
-#   empty-table drain fell from about 2,600 to 600 jobs/s (docs/performance.md). The whole key
-#   was not enough while `status = 'QUEUED'` stood beside it: with statistics that put one
+#   empty-table drain fell from about 2,600 to 600 jobs/s (docs/performance-history.md). The whole
+#   key was not enough while `status = 'QUEUED'` stood beside it: with statistics that put one
 #   QUEUED job in the partition, the claim's prepared statement (a generic plan) scanned a whole
 #   partial index of QUEUED jobs for each candidate, 18,000 entries each while a frozen
 #   dispatcher held vacuum back (bench/isolation.py's sigstop row: claims of 300-800 ms). So

@@ -134,7 +134,8 @@ CLAIM_COLUMNS = (
 class TokenDigests:
     """The SHA-256 digests (broker/tokens.py) of the channel and producer tokens a broadcast was
     given, None for a token not given: the insert then happens only if both match the stored
-    ones, checked in the same statement (docs/performance.md, "Ingest: broadcast throughput")."""
+    ones, checked in the same statement (docs/performance-history.md, "Ingest: broadcast
+    throughput")."""
 
     channel: str | None
     producer: str | None

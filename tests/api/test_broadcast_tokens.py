@@ -1,5 +1,6 @@
-"""The broadcast's token check folded into the publish statement (docs/performance.md, "Ingest:
-broadcast throughput"): the same answers as the separate check, one query per broadcast."""
+"""The broadcast's token check folded into the publish statement (docs/performance-history.md,
+"Ingest: broadcast throughput"): the same answers as the separate check, one query per
+broadcast."""
 
 from __future__ import annotations
 

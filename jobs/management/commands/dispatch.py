@@ -19,7 +19,7 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     if broker_settings.BROKER_DISPATCH_EVENT_LOOP == "uvloop":
         # libuv's loop, for trying it: asyncio's own work (selector, callbacks, transports) is a
         # fifth of the dispatcher's CPU, but the drain measured no steady gain from uvloop
-        # (docs/performance.md "Delivery: the event loop (issue 18)").
+        # (docs/performance-history.md "Delivery: the event loop (issue 18)").
         import uvloop  # not on Windows: BROKER_DISPATCH_EVENT_LOOP=asyncio there
 
         return uvloop.new_event_loop
