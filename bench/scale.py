@@ -886,7 +886,7 @@ def print_endpoints(results: list[Result]) -> None:
     )
 
 
-# Partitions (jobs/partitions.py) count in their table, and partition indexes in their index
+# Partitions (jobs/partitions/) count in their table, and partition indexes in their index
 # (pg_partition_tree has no rows for an index of a table that is not partitioned).
 SIZES_SQL = """
 SELECT root.relname, sum(pg_table_size(c.oid))::bigint, sum(pg_indexes_size(c.oid))::bigint,

@@ -32,11 +32,6 @@ ALLOWED_MESSAGE_TRANSITIONS: frozenset[tuple[MessageStatus, MessageStatus]] = fr
 )
 
 
-def status_after_fanout(made_jobs: bool) -> MessageStatus:
-    """The status of a message whose jobs were just made: none made means nobody to deliver to."""
-    return DISPATCHED if made_jobs else ACKNOWLEDGED
-
-
 class ForbiddenMessageTransition(ValueError):
     def __init__(self, source: str, target: str) -> None:
         super().__init__(f"A message cannot go from {source} to {target}.")

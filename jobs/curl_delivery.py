@@ -11,7 +11,7 @@ What it keeps, and how:
   between), IP literals included; local names are refused before any lookup
   (`check_delivery_url`). No proxy is ever used (a proxy resolves names out of the guard's sight).
 * No redirects, no cookies, no decompression, HTTP/1.1 with keep-alive, a total timeout.
-* A bounded read: the first RESPONSE_EXCERPT_BYTES of the answer, then the transfer ends.
+* A bounded read: the first EXCERPT_BYTES of the answer (curl_multi.py), then the transfer ends.
 * The final answer's headers, for a failed attempt's record: libcurl hands every header line it
   reads, those of interim answers (1xx) and trailers included, to CURLOPT_HEADERFUNCTION, which
   is a list's append (no Python function of ours runs per line); for an answer that is not a 2xx

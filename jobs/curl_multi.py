@@ -45,7 +45,6 @@ class Answer:
     excerpt: bytes = b""
     header_lines: list[bytes] = field(default_factory=list)
     refused: str = ""  # an address the guard refused
-    sent: bool = False  # the request went to the wire (CURLOPT_PREREQFUNCTION ran)
 
 
 class _Excerpt:
@@ -228,7 +227,6 @@ class CurlMulti:
     def _sending(self, handle: Any) -> int:
         """CURLOPT_PREREQFUNCTION: the connection is ready and the request is written next."""
         pending = self._pending[handle]
-        pending.answer.sent = True
         if pending.on_sent is not None:
             pending.on_sent()
         return PREREQ_OK

@@ -26,7 +26,6 @@ from jobs.header_masking import masked_headers
 
 logger = logging.getLogger(__name__)
 
-RESPONSE_EXCERPT_BYTES = 4096
 MAX_RETRY_AFTER_SECONDS = 86400
 CHUNK_BYTES = 256 * 1024  # read and sent at a time from an offloaded payload
 STORAGE_ERROR = "storage-error"  # error class: the payload storage failed to give the payload

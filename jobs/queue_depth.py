@@ -5,7 +5,7 @@ consumer that is down. The dashboard only needs to tell 120 from 9,000 from "a l
 count stops at `limit` + 1 rows and shows as "≥ 10,000" beyond. One statement for all consumers:
 per consumer and status, a LIMITed scan of the partial index of that status
 (job_consumer_queued_idx, job_consumer_inflight_idx, job_consumer_dead_idx in
-jobs/models.py),
+jobs/models/),
 so its cost is bounded by consumers x 3 x limit index entries, however large the tables grow.
 
 When each consumer's next attempt is due (`next_due_times`) is read from the claim's own index,

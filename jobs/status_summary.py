@@ -53,7 +53,7 @@ from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 STATUSES = (QUEUED, INFLIGHT, DELIVERED, DEAD)
 LOCK_ID = 0x6272_6F6B_6572_4A53  # pg_try_advisory_xact_lock key of the refresh ("brokerJS")
 
-# What a live count of each status reads (jobs/models.py): its partial index, or the table.
+# What a live count of each status reads (jobs/models/): its partial index, or the table.
 READS = {
     QUEUED: "job_consumer_queued_age_idx",  # (consumer, enqueued_at): count, oldest, newest
     INFLIGHT: "job_consumer_inflight_idx",  # (consumer); their times from the table: they are few

@@ -6,7 +6,8 @@ Both take a SparkSession and an EtlConfig; `__main__` and the manage.py wrapper 
 
 from __future__ import annotations
 
-from spark_etl.archive import ArchiveBusy, ArchiveMismatch, ArchiveResult, PayloadFiles, run_archive
+from spark_etl.archive import ArchiveBusy, ArchiveResult, PayloadFiles, run_archive
+from spark_etl.parquet_staging import ArchiveMismatch
 from spark_etl.report import ReportResult, run_report
 
 __all__ = [

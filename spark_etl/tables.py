@@ -36,7 +36,7 @@ WATERMARK = "spark_etl_watermark"
 ARCHIVE_BATCH = "spark_etl_archive_batch"
 ARCHIVE_PARTITION = "spark_etl_archive_partition"
 # The watermark row each archive run writes. Once it exists, the broker's housekeeping leaves the
-# old time partitions of jobs and attempts to the archive (jobs/partitions.py).
+# old time partitions of jobs and attempts to the archive (jobs/partitions/).
 ARCHIVE_REGISTRATION = "archive"
 REPORT_STAGING = "spark_etl_report_staging"
 
@@ -63,7 +63,7 @@ class Reference:
 
 # For each archived table, the references to its rows and what a deletion does to them. The
 # broker's foreign keys carry no ON DELETE in PostgreSQL (Django applies `on_delete` itself), so
-# the archive, deleting in SQL, does it: store.delete_archived follows this mapping.
+# the archive, deleting in SQL, does it: batch_store.delete_archived follows this mapping.
 ARCHIVE_DELETES: dict[str, tuple[Reference, ...]] = {
     MESSAGE: (
         # A job is the message's delivery to one consumer: archived and deleted with it.

@@ -17,8 +17,8 @@ import pytest
 import trustme
 
 from broker import payloads
+from jobs.curl_multi import EXCERPT_BYTES
 from jobs.delivery import (
-    RESPONSE_EXCERPT_BYTES,
     AttemptResult,
     DeliveryRequest,
     StoredBody,
@@ -101,7 +101,7 @@ def test_only_an_excerpt_of_a_huge_answer_is_read(receiver):
     receiver.replies["/hook"] = Reply(body=b"x" * (8 * 1024 * 1024))
     [result] = send(receiver.url())
     assert result.succeeded
-    assert len(result.response_excerpt) == RESPONSE_EXCERPT_BYTES
+    assert len(result.response_excerpt) == EXCERPT_BYTES
 
 
 def test_a_non_public_literal_is_refused_before_anything_is_sent(settings, receiver):

@@ -41,7 +41,7 @@ def message(channel, message_id: str, *, age_days: float, job_status=DELIVERED) 
     Job.objects.filter(message=published).update(status=job_status)
     received = timezone.now() - timedelta(days=age_days)
     Message.objects.filter(pk=published.pk).update(received_at=received)
-    # Its jobs' time partition too, as if published then (jobs/partitions.py; PostgreSQL).
+    # Its jobs' time partition too, as if published then (jobs/partitions/; PostgreSQL).
     Job.objects.filter(message=published).update(partition_at=received)
     return published
 

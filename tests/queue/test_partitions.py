@@ -1,4 +1,4 @@
-"""Time partitions of jobs and attempts on PostgreSQL (jobs/partitions.py, docs/scaling.md):
+"""Time partitions of jobs and attempts on PostgreSQL (jobs/partitions/, docs/scaling.md):
 made ahead, rows no partition covers kept in the DEFAULT one and moved when theirs comes,
 retention by dropping whole partitions with unfinished jobs carried forward, and the migration
 that partitions a populated database in place."""

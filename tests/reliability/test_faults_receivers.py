@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from broker import publish
-from jobs.delivery import RESPONSE_EXCERPT_BYTES
+from jobs.curl_multi import EXCERPT_BYTES
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED
 from tests.faults import report
@@ -88,7 +88,7 @@ def test_every_misbehaving_receiver_ends_delivered_or_dead_with_a_reason(faulty_
             if status == DEAD:
                 assert job.attempts == 3
     excerpts = DeliveryAttempt.objects.filter(job__consumer__public_id="huge-body")
-    assert all(len(a.response_excerpt) <= RESPONSE_EXCERPT_BYTES for a in excerpts)
+    assert all(len(a.response_excerpt) <= EXCERPT_BYTES for a in excerpts)
     assert peak_kb < MAX_DISPATCHER_RSS_KB
 
     report(

@@ -11,7 +11,7 @@ from django.apps import apps
 from django.db import models
 
 from jobs.models import CLOCK_ALLOWANCE
-from spark_etl import store, tables
+from spark_etl import partition_store, tables
 from spark_etl.config import EtlConfig
 
 
@@ -76,4 +76,4 @@ def test_what_the_archive_deletes_it_archives() -> None:
 
 
 def test_the_archive_allows_for_the_clocks_as_the_broker_does() -> None:
-    assert store.CLOCK_ALLOWANCE == CLOCK_ALLOWANCE
+    assert partition_store.CLOCK_ALLOWANCE == CLOCK_ALLOWANCE

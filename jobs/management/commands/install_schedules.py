@@ -22,7 +22,7 @@ SCHEDULES: dict[str, dict[str, Any]] = {
         "cron": "47 3 * * *",
     },
     # PostgreSQL's time partitions of jobs and attempts: made ahead, dropped past retention
-    # (jobs/partitions.py, docs/scaling.md).
+    # (jobs/partitions/, docs/scaling.md).
     "broker: maintain partitions": {
         "func": "jobs.partitions.maintain_partitions",
         "schedule_type": Schedule.CRON,
