@@ -113,9 +113,9 @@ def _postgres_session_options(options: dict[str, Any]) -> dict[str, Any]:
     return added
 
 
-def read_replica_settings(url: str, primary: dict[str, Any]) -> dict[str, Any]:
-    """The DATABASES entry of BROKER_READ_DATABASE_URL, a streaming replica of `primary`
-    (broker/db_routing.py routes reads there)."""
+def read_replica_settings(url: str) -> dict[str, Any]:
+    """The DATABASES entry of BROKER_READ_DATABASE_URL, a streaming replica of the default
+    database (broker/db_routing.py routes reads there)."""
     replica = database_settings(url, "BROKER_READ_DATABASE_URL")
     # The tests of a project with a replica run against the primary's test database alone.
     replica["TEST"] = {"MIRROR": "default"}

@@ -103,9 +103,7 @@ if _env.BROKER_READ_DATABASE_URL:
     # Reads that may be a moment old go to a streaming replica: the router sends a request's
     # reads there when the middleware has marked the request as one that only reads
     # (broker/db_routing.py, docs/configuration.md#read-replica). Without it, one database.
-    DATABASES[READ_REPLICA] = read_replica_settings(
-        _env.BROKER_READ_DATABASE_URL, DATABASES["default"]
-    )
+    DATABASES[READ_REPLICA] = read_replica_settings(_env.BROKER_READ_DATABASE_URL)
     DATABASE_ROUTERS = ["broker.db_routing.ReadReplicaRouter"]
     MIDDLEWARE.append("broker.db_routing.ReplicaReadMiddleware")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

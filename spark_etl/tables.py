@@ -20,16 +20,6 @@ JOB = "jobs_job"  # jobs.Job
 ATTEMPT = "jobs_deliveryattempt"  # jobs.DeliveryAttempt
 REPORT = "jobs_deliveryreport"  # jobs.DeliveryReport, EtlConfig.report_table's default
 
-# Model label -> table, for the test that compares them.
-MODELS: dict[str, str] = {
-    "broker.Message": MESSAGE,
-    "broker.PeriodicMessage": PERIODIC,
-    "consumers.Consumer": CONSUMER,
-    "jobs.Job": JOB,
-    "jobs.DeliveryAttempt": ATTEMPT,
-    "jobs.DeliveryReport": REPORT,
-}
-
 # --- the pipeline's own tables (store.py creates the first three; Spark the last) -------------
 
 WATERMARK = "spark_etl_watermark"
