@@ -120,5 +120,32 @@ def with_lock_retries(ddl: Callable[[], None]) -> bool:
         except OperationalError as error:
             if getattr(error.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
                 raise
-            logger.warning("partitions: lock not granted in %s, trying again", LOCK_TIMEOUT)
+            logger.warning(
+                "partitions: lock not granted in %s, trying again; the oldest transactions"
+                " holding locks on the queue's tables: %s",
+                LOCK_TIMEOUT,
+                _lock_holders() or "none left",
+            )
     return False
+
+
+def _lock_holders() -> str:
+    """Who kept the DDL waiting, for the operator (and a failing test's log): the sessions
+    holding locks on the queue's tables, longest transaction first."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT DISTINCT ON (activity.pid) activity.pid, activity.application_name,
+                   activity.state, now() - activity.xact_start, left(activity.query, 120)
+            FROM pg_locks lock JOIN pg_stat_activity activity USING (pid)
+            WHERE lock.granted AND lock.pid <> pg_backend_pid()
+              AND lock.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND starts_with(lock.relation::regclass::text, 'jobs_')
+            ORDER BY activity.pid
+            """
+        )
+        holders = sorted(cursor.fetchall(), key=lambda row: row[3] or timedelta(0), reverse=True)
+    return "; ".join(
+        f"pid {pid} ({application or 'no name'}, {state}, for {age}): {query}"
+        for pid, application, state, age, query in holders[:5]
+    )

@@ -40,8 +40,8 @@ def ensure_partitions(now: datetime, since: datetime | None = None) -> list[str]
                 continue
             later_starts = [p.start for p in existing if p.start and p.start > moment]
             end = min([span_start(moment) + span(), *later_starts])
-            with_lock_retries(functools.partial(_create, table, moment, end))
-            created.append(table.partition_name(moment))
+            if with_lock_retries(functools.partial(_create, table, moment, end)):
+                created.append(table.partition_name(moment))
             moment = end
     return created
 

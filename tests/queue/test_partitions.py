@@ -81,6 +81,28 @@ def test_a_row_no_partition_covers_waits_in_the_default_partition_then_moves_int
     assert Job.objects.with_public_id(job.public_id).get().status == DEAD
 
 
+def test_a_partition_whose_lock_is_not_granted_is_left_for_the_next_run_naming_the_holder(
+    monkeypatch, caplog
+):
+    monkeypatch.setattr(partitions.catalog, "LOCK_TRIES", 1)
+    later = timezone.now() + 30 * DAY
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
+    ) as writer:
+        writer.execute("LOCK TABLE jobs_job_default IN ROW EXCLUSIVE MODE")
+        created = partitions.ensure_partitions(later)
+        holder = writer.info.backend_pid
+
+    assert not [name for name in created if name.startswith("jobs_job_")]
+    missing = partitions.JOBS.partition_name(partitions.span_start(later))
+    assert missing not in names(partitions.JOBS)
+    assert "lock not granted in 1s, trying again; the oldest transactions" in caplog.text
+    assert f"pid {holder} " in caplog.text
+
+    assert missing in partitions.ensure_partitions(later)
+
+
 def test_retention_drops_a_delivered_partition_and_carries_unfinished_jobs_forward():
     now = timezone.now()
     jobs = {status: placed_job(status, now) for status in (DELIVERED, DEAD, QUEUED, INFLIGHT)}
