@@ -37,6 +37,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     skip_disruptive_tests_off_the_machines_server(items)
+    group_tests_that_share_a_costly_start(items)
+
+
+# Under pytest-xdist (`--dist loadgroup`, pyproject.toml), the tests of a group run in one worker:
+# those that share a session's Spark (a JVM) or installed wheel, which each worker would otherwise
+# start or build again, and those of a fixed port.
+COSTLY_FIXTURES = {"spark": "spark-session", "installed_broker": "installed-broker"}
+FIXED_PORTS = {"tests/deploy/test_runbroker.py": "ports-8000-and-9000"}
+
+
+def group_tests_that_share_a_costly_start(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        groups = [group for fixture, group in COSTLY_FIXTURES.items() if fixture in fixtures]
+        groups += [group for path, group in FIXED_PORTS.items() if item.nodeid.startswith(path)]
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(groups[0]))
 
 
 def skip_disruptive_tests_off_the_machines_server(items: list[pytest.Item]) -> None:
@@ -52,6 +69,22 @@ def skip_disruptive_tests_off_the_machines_server(items: list[pytest.Item]) -> N
     for item in items:
         if item.get_closest_marker("disruptive"):
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker's fault figures travel to the controlling process, which
+    prints them all (pytest_testnodedown)."""
+    from tests.faults import FIGURES
+
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["fault_figures"] = list(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent with -p no:xdist
+def pytest_testnodedown(node, error) -> None:
+    from tests.faults import FIGURES
+
+    FIGURES.extend(getattr(node, "workeroutput", {}).get("fault_figures", []))
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -19,7 +19,10 @@ if not os.environ.get("DATABASE_URL"):
     # In the environment: the broker processes that tests start use it too.
     os.environ["DATABASE_URL"] = start_session_server()
 os.environ.setdefault("BROKER_ALLOW_PRIVATE_CALLBACKS", "true")  # receivers run on loopback
-if "BROKER_PAYLOAD_DIR" not in os.environ:
+# pytest-xdist's workers inherit the controlling process's environment: its DATABASE_URL (one
+# server for the session, a database per worker below) and its payload directory, which each
+# worker replaces with one of its own, as tests count the files in it.
+if "BROKER_PAYLOAD_DIR" not in os.environ or "PYTEST_XDIST_WORKER" in os.environ:
     # Offloaded payloads of a test run never land in the project's payloads/; subprocesses that
     # the tests start inherit the variable, and so share the directory.
     os.environ["BROKER_PAYLOAD_DIR"] = tempfile.mkdtemp(prefix="broker-test-payloads-")

@@ -18,6 +18,8 @@ import pytest
 from tests.embedded_database import delete_embedded_server
 from tests.processes import free_port, kill_if_running, wait_until
 
+pytestmark = pytest.mark.slow  # a wheel built and installed in a fresh venv: a minute and more
+
 
 def metadata(installed) -> str:
     with zipfile.ZipFile(installed.wheel) as wheel:

@@ -249,6 +249,7 @@ def assert_succeeded(result: subprocess.CompletedProcess[str]) -> None:
     assert result.returncode == 0, f"{result.args}\n{result.stdout}\n{result.stderr}"
 
 
+@pytest.mark.slow  # the broker's wheel installed in a fresh venv: a minute and more
 def test_the_example_host_project_publishes_exactly_what_it_commits(host, receiver, tmp_path):
     # The example's seed, with its consumer pointed at the test's receiver.
     seed = (EXAMPLE / "broker-seed.cfg").read_text()

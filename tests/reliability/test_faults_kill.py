@@ -38,6 +38,7 @@ def start() -> subprocess.Popen[str]:
     return start_dispatcher("--concurrency", str(CONCURRENCY), **FAST_LEASES)
 
 
+@pytest.mark.slow  # two minutes of dispatchers killed and started again
 def test_repeated_kill_9_of_random_dispatchers_loses_nothing(receiver):
     seed = random.randrange(1_000_000)  # noqa: S311 (a reproducible kill schedule, not a secret)
     chance = random.Random(seed)  # noqa: S311
