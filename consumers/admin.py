@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
@@ -7,66 +9,62 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from broker import event_types
-from broker.admin import STORABLE_JSON
+from consumers import services
 from consumers.models import Consumer
-from consumers.services import (
-    InvalidSetting,
-    checked_new_callback_url,
-    parse_max_per_second,
-    set_paused,
-)
+from consumers.services import SettingFormField, set_paused
 
 
 class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The model's fields, but the settings typed as text and checked by their declarations in
+    consumers/services.py, as the API and the operator UI take them (comma-separated lists,
+    blank for the default)."""
+
     # In place of the model's field, which would write the URL, credentials and query in clear,
     # into the page: the change form shows it masked (ConsumerAdmin.callback) and takes a new one.
     new_callback_url = forms.CharField(
         label="New callback URL",
         required=False,
-        max_length=2048,
+        max_length=services.MAX_CALLBACK_URL_LENGTH,
         help_text="Blank: keep the current one. A new URL is typed whole: its credentials and "
         "query values are never shown again.",
     )
+    retry_delays = SettingFormField(
+        services.RETRY_DELAYS, required=False, help_text="Blank: BROKER_RETRY_DELAYS."
+    )
+    non_retryable_statuses = SettingFormField(services.NON_RETRYABLE_STATUSES, required=False)
+    max_in_flight = SettingFormField(services.MAX_IN_FLIGHT, required=False)
+    max_per_second = SettingFormField(
+        services.MAX_PER_SECOND, required=False, help_text="Blank: no limit."
+    )
+    max_job_age = SettingFormField(
+        services.MAX_JOB_AGE, required=False, help_text="Blank: BROKER_MAX_JOB_AGE_SECONDS."
+    )
+    event_types = SettingFormField(
+        services.EVENT_TYPES, required=False, help_text="Blank: every message."
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for setting in services.SETTINGS:  # the values as the fields take them
+            if setting.attribute in self.fields:
+                self.initial[setting.attribute] = setting.text_of(self.instance)
 
     def clean_new_callback_url(self) -> str:
         """The API's check, address guard included: a private address is refused on save."""
         url: str = self.cleaned_data["new_callback_url"]
         if not url and self.instance._state.adding:
             raise forms.ValidationError("A new consumer needs a callback URL.")
-        try:
-            url = checked_new_callback_url(url, self.instance.callback_url)
-        except InvalidSetting as exc:
-            raise forms.ValidationError(str(exc)) from None
+        url = services.validated(
+            lambda value: services.checked_new_callback_url(value, self.instance.callback_url), url
+        )
         if url:
             self.instance.callback_url = url  # the model field is not in the form
         return url
-
-    def clean_max_per_second(self) -> float | None:
-        """The API's bounds for the rate limit."""
-        rate = self.cleaned_data["max_per_second"]
-        if rate is None:
-            return None
-        try:
-            return parse_max_per_second(str(rate))
-        except InvalidSetting as exc:
-            raise forms.ValidationError(str(exc)) from None
-
-    def clean_event_types(self) -> list[str]:
-        """The API's rule for the patterns (a JSON list of them here)."""
-        value = self.cleaned_data["event_types"] or []
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise forms.ValidationError('A JSON list of patterns: ["order.*", "invoice.paid"].')
-        try:
-            return event_types.checked_patterns(value)
-        except event_types.InvalidEventType as exc:
-            raise forms.ValidationError(str(exc)) from None
 
 
 @admin.register(Consumer)
 class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     form = ConsumerForm
-    formfield_overrides = STORABLE_JSON
     list_display = [
         "public_id",
         "channel",

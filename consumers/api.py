@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import serializers, status
+from rest_framework.fields import empty
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -75,56 +76,49 @@ class ConsumerSerializer(StakeholderSerializer):
         return consumer.circuit_state(timezone.now())
 
 
+class SettingField(serializers.CharField):
+    """A consumer setting in the PUT form: the CharField's own checks, then its declaration's
+    (consumers/services.py, shared with the UI and the admin)."""
+
+    def __init__(self, setting: services.ConsumerSetting, **kwargs: Any) -> None:
+        self.setting = setting
+        if setting.max_length is not None:
+            kwargs.setdefault("max_length", setting.max_length)
+        super().__init__(**kwargs)
+
+    def run_validation(self, data: Any = empty) -> Any:
+        return self.setting.clean(super().run_validation(data))
+
+
+def _optional(setting: services.ConsumerSetting, **kwargs: Any) -> SettingField:
+    """A setting that may be left out (kept) or blank (its default)."""
+    return SettingField(setting, required=False, allow_blank=True, **kwargs)
+
+
 class ConsumerForm(StakeholderForm):
-    callbackUrl = serializers.CharField(max_length=2048)  # noqa: N815 (wire name)
+    callbackUrl = SettingField(services.CALLBACK_URL)  # noqa: N815 (wire name)
     type = serializers.ChoiceField(choices=Consumer.Type.values, required=False, allow_blank=True)
     ordering = serializers.ChoiceField(choices=Consumer.Ordering.values, required=False)
-    retryDelays = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
-    nonRetryableStatuses = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
-    maxInFlight = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
-    maxJobAge = serializers.CharField(required=False, allow_blank=True)  # noqa: N815
-    maxPerSecond = serializers.CharField(  # noqa: N815
-        required=False,
-        allow_blank=True,
+    retryDelays = _optional(services.RETRY_DELAYS)  # noqa: N815 (blank: BROKER_RETRY_DELAYS)
+    nonRetryableStatuses = _optional(services.NON_RETRYABLE_STATUSES)  # noqa: N815
+    maxInFlight = _optional(services.MAX_IN_FLIGHT)  # noqa: N815
+    maxJobAge = _optional(services.MAX_JOB_AGE)  # noqa: N815 (blank: the global limit)
+    maxPerSecond = _optional(  # noqa: N815
+        services.MAX_PER_SECOND,
         help_text="push requests per second at most, across all dispatchers: a decimal number "
         "above 0 (0.5: one every two seconds); blank or absent: no limit",
     )
-    eventTypes = serializers.CharField(  # noqa: N815
-        required=False,
-        allow_blank=True,
+    eventTypes = _optional(  # noqa: N815
+        services.EVENT_TYPES,
         help_text="comma-separated event types it receives: a type, a prefix ending in * "
         "(order.*), or *; blank or absent: every message (for messages published later)",
     )
     # Imports an existing secret (e.g. one the receiver already has); never echoed back.
-    signingSecret = serializers.CharField(  # noqa: N815
+    signingSecret = SettingField(  # noqa: N815
+        services.SIGNING_SECRET,
         required=False,
-        max_length=256,
         help_text="whsec_ + base64 of 24 to 64 bytes; replaces the current secret, no overlap",
     )
-
-    def validate_callbackUrl(self, value: str) -> str:  # noqa: N802
-        return services.validated(services.checked_callback_url, value)
-
-    def validate_retryDelays(self, value: str) -> list[int] | None:  # noqa: N802
-        return services.validated(services.parse_retry_delays, value)  # blank: BROKER_RETRY_DELAYS
-
-    def validate_nonRetryableStatuses(self, value: str) -> list[int]:  # noqa: N802
-        return services.validated(services.parse_non_retryable_statuses, value)
-
-    def validate_maxInFlight(self, value: str) -> int | None:  # noqa: N802
-        return services.validated(services.parse_max_in_flight, value)
-
-    def validate_maxJobAge(self, value: str) -> int | None:  # noqa: N802
-        return services.validated(services.parse_max_job_age, value)  # blank: the global limit
-
-    def validate_maxPerSecond(self, value: str) -> float | None:  # noqa: N802
-        return services.validated(services.parse_max_per_second, value)  # blank: no limit
-
-    def validate_eventTypes(self, value: str) -> list[str]:  # noqa: N802
-        return services.validated(services.parse_event_types, value)
-
-    def validate_signingSecret(self, value: str) -> str:  # noqa: N802
-        return services.validated(services.checked_signing_secret, value)
 
 
 class ConsumerListView(APIView):

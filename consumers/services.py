@@ -1,20 +1,24 @@
-"""Consumer settings and controls, shared by the REST API (consumers/api.py) and the
-operator UI
-(broker/ui/consumer_pages.py): one validation of the settings, one way to save them, pause, resume,
-close a circuit and rotate a secret, whichever door the request came through.
+"""Consumer settings and controls, shared by the REST API (consumers/api.py), the operator UI
+(broker/ui/consumer_forms.py, consumer_pages.py) and the admin (consumers/admin.py): one validation
+of the settings, one way to save them, pause, resume, close a circuit and rotate a secret,
+whichever door the request came through.
 
-Validators take the text of a form field (the API's form-encoded PUT and the UI's HTML form send
-the same text) and raise `InvalidSetting` with a message fit to show next to the field; both
-forms call them through `validated`. A control of a consumer that does not exist raises
-`ConsumerNotFound`, which each door answers with its own 404.
+Each setting is declared once (`SETTINGS`, a `ConsumerSetting`): its name in the API, its model
+field, how its form text is parsed and bounded (the validators below, which raise `InvalidSetting`
+with a message fit to show next to the field), and how its value is written back as form text.
+The API's serializer fields and the UI's and admin's form fields are built on these
+declarations: a rule is written here, nowhere else. A control of a consumer that does not exist
+raises `ConsumerNotFound`, which each door answers with its own 404.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, TypeVar
 
+from django import forms
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -34,21 +38,11 @@ T = TypeVar("T")
 MAX_RETRIES = 50
 MAX_RETRY_DELAY_SECONDS = 7 * 86400
 MAX_JOB_AGE_SECONDS = 365 * 86400
+MAX_CALLBACK_URL_LENGTH = 2048  # the model field's
+MAX_SECRET_LENGTH = 256
 # A delivery rate limit's bounds: above the highest it is no limit; below the lowest (one
 # request in about 17 minutes) slots would be booked so far ahead that times overflow.
-MIN_PER_SECOND, MAX_PER_SECOND = 0.001, 100000
-
-# The settings form's fields (the API's wire names) and the model attributes they set.
-FORM_TO_MODEL = {
-    "callbackUrl": "callback_url",
-    "ordering": "ordering",
-    "retryDelays": "retry_delays",
-    "nonRetryableStatuses": "non_retryable_statuses",
-    "maxInFlight": "max_in_flight",
-    "maxJobAge": "max_job_age",
-    "eventTypes": "event_types",
-    "maxPerSecond": "max_per_second",
-}
+LOWEST_PER_SECOND, HIGHEST_PER_SECOND = 0.001, 100000
 
 
 class InvalidSetting(ValueError):
@@ -137,7 +131,7 @@ def parse_max_job_age(value: str) -> int | None:
 
 def parse_max_per_second(value: str) -> float | None:
     """The delivery rate limit (docs/delivery.md, "Rate limit"): push requests per second, a
-    decimal number from MIN_PER_SECOND to MAX_PER_SECOND (0.5: one every two seconds); None
+    decimal number from LOWEST_PER_SECOND to HIGHEST_PER_SECOND (0.5: one every two seconds); None
     (blank) means no limit."""
     if not value.strip():
         return None
@@ -145,10 +139,10 @@ def parse_max_per_second(value: str) -> float | None:
         rate = Decimal(value.strip())
     except InvalidOperation:
         rate = Decimal("NaN")
-    if not rate.is_finite() or not MIN_PER_SECOND <= rate <= MAX_PER_SECOND:
+    if not rate.is_finite() or not LOWEST_PER_SECOND <= rate <= HIGHEST_PER_SECOND:
         raise InvalidSetting(
-            f"maxPerSecond: a decimal number from {MIN_PER_SECOND} to {MAX_PER_SECOND} (requests"
-            " per second), or blank for no limit."
+            f"maxPerSecond: a decimal number from {LOWEST_PER_SECOND} to {HIGHEST_PER_SECOND}"
+            " (requests per second), or blank for no limit."
         )
     return float(rate)
 
@@ -163,7 +157,10 @@ def parse_event_types(value: str) -> list[str]:
 
 
 def checked_signing_secret(value: str) -> str:
-    """An imported "whsec_…" secret; the message never repeats the value."""
+    """An imported "whsec_…" secret; the message never repeats the value. Blank (the UI's and
+    the admin's forms; the API refuses a blank one first) keeps the current secret: ""."""
+    if not value:
+        return ""
     try:
         decode_secret(value)
     except InvalidSecret as error:
@@ -179,6 +176,82 @@ def _int_list(value: str, *, low: int, high: int, what: str) -> list[int]:
     if any(not low <= number <= high for number in numbers):
         raise InvalidSetting(f"{what}: each between {low} and {high}.")
     return numbers
+
+
+# The settings, each declared once
+
+
+def _joined(values: list[Any] | None) -> str:
+    return ", ".join(str(value) for value in values or [])
+
+
+def _number(value: float | None) -> str:
+    """A number as typed (20, not 20.0); blank for None."""
+    return "" if value is None else str(value).removesuffix(".0")
+
+
+@dataclass(frozen=True)
+class ConsumerSetting:
+    """One consumer setting as every form takes it: `wire`, its API field name (and the name its
+    error messages give); `attribute`, the Consumer field it sets; `parse`, its form text to the
+    value, raising InvalidSetting; `as_text`, the value back to form text (edit forms)."""
+
+    wire: str
+    attribute: str
+    parse: Callable[[str], Any]
+    as_text: Callable[[Any], str] = _number
+    max_length: int | None = None
+
+    def clean(self, text: str) -> Any:
+        """The parsed value; a refusal as Django's ValidationError, which a Django form field and
+        a DRF serializer field both show as an error of the field."""
+        return validated(self.parse, text)
+
+    def text_of(self, consumer: Consumer) -> str:
+        return self.as_text(getattr(consumer, self.attribute))
+
+
+CALLBACK_URL = ConsumerSetting(
+    "callbackUrl", "callback_url", checked_callback_url, str, MAX_CALLBACK_URL_LENGTH
+)
+RETRY_DELAYS = ConsumerSetting("retryDelays", "retry_delays", parse_retry_delays, _joined)
+NON_RETRYABLE_STATUSES = ConsumerSetting(
+    "nonRetryableStatuses", "non_retryable_statuses", parse_non_retryable_statuses, _joined
+)
+MAX_IN_FLIGHT = ConsumerSetting("maxInFlight", "max_in_flight", parse_max_in_flight)
+MAX_JOB_AGE = ConsumerSetting("maxJobAge", "max_job_age", parse_max_job_age)
+MAX_PER_SECOND = ConsumerSetting("maxPerSecond", "max_per_second", parse_max_per_second)
+EVENT_TYPES = ConsumerSetting("eventTypes", "event_types", parse_event_types, _joined)
+# Never shown again (as_text): a form's field for it starts blank, which keeps the secret.
+SIGNING_SECRET = ConsumerSetting(
+    "signingSecret", "signing_secret", checked_signing_secret, lambda _: "", MAX_SECRET_LENGTH
+)
+# The settings saved as they are parsed (the signing secret is replaced by its own method), in
+# the order of the forms.
+SETTINGS = (
+    CALLBACK_URL,
+    RETRY_DELAYS,
+    NON_RETRYABLE_STATUSES,
+    MAX_IN_FLIGHT,
+    MAX_PER_SECOND,
+    MAX_JOB_AGE,
+    EVENT_TYPES,
+)
+# The settings form's fields (the API's wire names) and the model attributes they set.
+FORM_TO_MODEL = {"ordering": "ordering"} | {s.wire: s.attribute for s in SETTINGS}
+
+
+class SettingFormField(forms.CharField):
+    """A consumer setting typed into a Django form (the UI's, the admin's): the CharField's own
+    checks, then its declaration's."""
+
+    def __init__(self, setting: ConsumerSetting, **kwargs: Any) -> None:
+        self.setting = setting
+        kwargs.setdefault("max_length", setting.max_length)
+        super().__init__(**kwargs)
+
+    def clean(self, value: Any) -> Any:
+        return self.setting.clean(super().clean(value))
 
 
 # Writes

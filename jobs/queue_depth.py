@@ -1,4 +1,5 @@
-"""Queued, in-flight and dead jobs per consumer, counted only up to a bound (the dashboard).
+"""Queued, in-flight and dead jobs per consumer, counted only up to a bound (the UI: the
+dashboard, a consumer's page).
 
 An exact count of a consumer's backlog reads every entry of its index: millions of rows for a
 consumer that is down. The dashboard only needs to tell 120 from 9,000 from "a lot", so each
@@ -89,10 +90,17 @@ def status_totals(limit: int = TOTAL_LIMIT) -> QueueDepth:
     )
 
 
-def queue_depths(limit: int = COUNT_LIMIT) -> dict[int, QueueDepth]:
-    """Per consumer ID: its queued, in-flight and dead jobs, each counted up to `limit` + 1."""
+def queue_depths(limit: int = COUNT_LIMIT, consumer_id: int | None = None) -> dict[int, QueueDepth]:
+    """Per consumer ID (all, or the one given): its queued, in-flight and dead jobs, each counted
+    up to `limit` + 1."""
+    sql, parameters = _QUEUE_DEPTH_SQL, {"bound": limit + 1}
+    if consumer_id is not None:
+        sql, parameters = (
+            f"{sql} WHERE c.id = %(consumer)s",
+            {**parameters, "consumer": consumer_id},
+        )
     with _reading().cursor() as cursor:
-        cursor.execute(_QUEUE_DEPTH_SQL, {"bound": limit + 1})
+        cursor.execute(sql, parameters)
         rows = cursor.fetchall()
     return {
         consumer_id: QueueDepth(
@@ -126,6 +134,12 @@ SELECT c.id, (
 )
 FROM {Consumer._meta.db_table} c
 """  # noqa: S608 (table names and a status constant; no user input)
+
+
+def queue_depth_of(consumer_id: int, limit: int = COUNT_LIMIT) -> QueueDepth:
+    """One consumer's queued, in-flight and dead jobs (its page), counted as the dashboard's."""
+    none = BoundedCount(0, limit)
+    return queue_depths(limit, consumer_id).get(consumer_id, QueueDepth(none, none, none))
 
 
 def next_due_times(consumer_id: int | None = None) -> dict[int, datetime | None]:

@@ -319,9 +319,14 @@ class Recent:
     """One span's rollup rows since a time: per consumer, and per period over all consumers."""
 
     since: datetime
+    until: datetime  # when it was read
     per_consumer: dict[int, Tally]
     per_period: dict[datetime, Tally]  # every period from `since`, empty ones included
     total: Tally
+
+    def delivered_per_second(self, tally: Tally) -> float:
+        """The rate of `tally`'s deliveries over the time it covers, from `since` to `until`."""
+        return tally.delivered / max((self.until - self.since).total_seconds(), 1.0)
 
 
 def recent(span: DeliveryStats.Span, periods: int, now: datetime | None = None) -> Recent:
@@ -347,7 +352,7 @@ def recent(span: DeliveryStats.Span, periods: int, now: datetime | None = None) 
     total = Tally()
     for tally in per_consumer.values():
         total.add(tally)
-    return Recent(since, per_consumer, per_period, total)
+    return Recent(since, now, per_consumer, per_period, total)
 
 
 def _sums_by(rows: QuerySet[DeliveryStats], column: str) -> list[tuple[Any, int, int, int]]:
@@ -369,3 +374,23 @@ def last_attempt_at() -> datetime | None:
     """When the newest recorded attempt started (one probe of the started_at index)."""
     last: datetime | None = DeliveryAttempt.objects.aggregate(last=Max("started_at"))["last"]
     return last
+
+
+@dataclass(frozen=True)
+class RefreshLag:
+    """The rollup is behind the attempts (its refresh has stopped, or never ran)."""
+
+    last_counted: datetime | None  # the rollup's newest minute
+    last_attempt: datetime
+
+
+def refresh_lag() -> RefreshLag | None:
+    """Set when attempts are newer than the rollup's newest minute by more than a running
+    refresh lets happen (the dashboard's warning)."""
+    last_attempt, last_counted = last_attempt_at(), last_counted_minute()
+    if last_attempt is None:
+        return None
+    allowance = recount_window() + timedelta(minutes=3)  # a refresh runs every minute
+    if last_counted is None or last_attempt - last_counted > allowance:
+        return RefreshLag(last_counted, last_attempt)
+    return None

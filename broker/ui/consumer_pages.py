@@ -40,8 +40,7 @@ from broker.ui.delivery_state import delivery_states
 from consumers import services
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
-from jobs.queue_depth import COUNT_LIMIT, BoundedCount
-from jobs.states import DEAD, INFLIGHT, QUEUED
+from jobs.queue_depth import COUNT_LIMIT, BoundedCount, queue_depth_of
 from jobs.test_event import send_test_event
 
 logger = logging.getLogger(__name__)
@@ -143,14 +142,10 @@ def received_types(consumer: Consumer) -> list[EventType]:
 
 
 def job_counts(consumer: Consumer) -> dict[str, BoundedCount]:
-    """Queued, in flight and dead jobs, each counted up to COUNT_LIMIT through its partial index
-    (job_consumer_queued…, job_consumer_inflight_idx, job_consumer_dead…)."""
-    return {
-        status.lower(): BoundedCount(
-            consumer.jobs.filter(status=status)[: COUNT_LIMIT + 1].count(), COUNT_LIMIT
-        )
-        for status in (QUEUED, INFLIGHT, DEAD)
-    }
+    """Queued, in flight and dead jobs, each counted up to COUNT_LIMIT as the dashboard counts
+    them (jobs/queue_depth.py)."""
+    depth = queue_depth_of(consumer.pk, COUNT_LIMIT)
+    return {"queued": depth.queued, "inflight": depth.in_flight, "dead": depth.dead}
 
 
 @operator_view(get=ADD_CONSUMERS, post=ADD_CONSUMERS)

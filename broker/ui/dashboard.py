@@ -2,10 +2,8 @@
 
 A fixed number of queries whatever the number of jobs and attempts: the consumers, their bounded
 queue counts (jobs/queue_depth.py), the last hour's minute rows and the last day's hour rows
-of
-the delivery statistics rollup (jobs/stats.py), the dispatcher heartbeats, and two index
-probes
-that tell whether the rollup is being refreshed.
+of the delivery statistics rollup (jobs/stats.py, the one source of the UI's delivery figures),
+the dispatcher heartbeats, and two index probes that tell whether the rollup is being refreshed.
 """
 
 from __future__ import annotations
@@ -34,16 +32,7 @@ from jobs.queue_depth import (
     queue_depths,
     status_totals,
 )
-from jobs.stats import (
-    HOUR,
-    MINUTE,
-    Recent,
-    Tally,
-    last_attempt_at,
-    last_counted_minute,
-    recent,
-)
-from jobs.stats import recount_window as stats_recount_window
+from jobs.stats import HOUR, MINUTE, Recent, Tally, recent, refresh_lag
 
 # Dispatchers beat every second; one silent for as long as the queue takes it for frozen (and
 # gives its jobs to others) is flagged as stale.
@@ -64,13 +53,13 @@ class ConsumerRow:
     state: DeliveryState  # its last attempt and failure, its next attempt
     hour: Tally
     day: Tally
-    hour_seconds: float
+    last_hour: Recent
 
     @property
     def delivery_rate(self) -> str:
         if not self.hour.attempts:
             return NOT_APPLICABLE
-        return format_rate(self.hour.delivered / self.hour_seconds)
+        return format_rate(self.last_hour.delivered_per_second(self.hour))
 
     @property
     def success_hour(self) -> str:
@@ -120,21 +109,20 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         now,
     )
     rows = [row for group in groups for row in group.rows]
-    hour_seconds = (now - last_hour.since).total_seconds()
     beats = [
         Beat(beat, now - beat.last_beat_at)
         for beat in DispatcherHeartbeat.objects.order_by("-last_beat_at")[:HEARTBEATS_SHOWN]
     ]
     context = {
         "groups": groups,
-        "tiles": tiles(rows, status_totals(TOTAL_LIMIT), last_hour, beats, hour_seconds),
+        "tiles": tiles(rows, status_totals(TOTAL_LIMIT), last_hour, beats),
         "beats": beats,
         "stale_after": int(STALE_AFTER.total_seconds()),
         "minute_chart": deliveries_chart(
             "Deliveries per minute, last hour", last_hour, "minute", 10
         ),
         "hour_chart": deliveries_chart("Deliveries per hour, last 24 hours", last_day, "hour", 3),
-        "stats_behind": stats_behind(),
+        "stats_behind": refresh_lag(),
         "count_limit": f"{COUNT_LIMIT:,}",
         "total_limit": f"{TOTAL_LIMIT:,}",
         "now": now,
@@ -174,7 +162,7 @@ def channel_groups(
             state=states[consumer.pk],
             hour=last_hour.per_consumer.get(consumer.pk, Tally()),
             day=last_day.per_consumer.get(consumer.pk, Tally()),
-            hour_seconds=(now - last_hour.since).total_seconds(),
+            last_hour=last_hour,
         )
         group.rows.append(row)
     return list(groups.values())
@@ -190,7 +178,7 @@ class Tile:
 
 
 def tiles(
-    rows: list[ConsumerRow], totals: QueueDepth, hour: Recent, beats: list[Beat], seconds: float
+    rows: list[ConsumerRow], totals: QueueDepth, hour: Recent, beats: list[Beat]
 ) -> list[Tile]:
     open_circuits = sum(row.circuit == "open" for row in rows)
     paused = sum(row.consumer.paused for row in rows)
@@ -204,7 +192,7 @@ def tiles(
             "Delivered, last hour",
             f"{hour.total.delivered:,}",
             reports,
-            note=format_rate(hour.total.delivered / seconds) if hour.total.attempts else "",
+            note=format_rate(hour.delivered_per_second(hour.total)) if hour.total.attempts else "",
         ),
         Tile("Success rate, last hour", format_percent(hour.total.success_rate), reports),
         Tile("p95 latency, last hour", duration(hour.total.latency_ms(0.95)), reports),
@@ -230,24 +218,6 @@ def deliveries_chart(title: str, recent: Recent, unit: str, label_every: int) ->
     return stacked_bars(
         f"{title} (UTC)", labels, series, label_every=label_every, first_label=first
     )
-
-
-@dataclass(frozen=True)
-class StatsLag:
-    last_counted: datetime | None  # the rollup's newest minute
-    last_attempt: datetime
-
-
-def stats_behind() -> StatsLag | None:
-    """Set when attempts are newer than the rollup's newest minute by more than a running
-    refresh lets happen: the refresh has stopped (or never ran)."""
-    last_attempt, last_counted = last_attempt_at(), last_counted_minute()
-    if last_attempt is None:
-        return None
-    allowance = stats_recount_window() + timedelta(minutes=3)  # a refresh runs every minute
-    if last_counted is None or last_attempt - last_counted > allowance:
-        return StatsLag(last_counted, last_attempt)
-    return None
 
 
 def format_percent(rate: float | None) -> str:

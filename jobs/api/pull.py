@@ -5,6 +5,11 @@ A paused pull consumer (docs/delivery.md, "Pause") is handed nothing: queued-job
 claim takes none and a job cannot be moved to INFLIGHT (409). Jobs already INFLIGHT can still be
 reported, so work a worker holds is not lost by pausing. A request already past its pause check when
 the pause lands completes, as a push delivery in flight does.
+
+No request sweeps expired leases: the dispatchers' maintenance step does, about once a second
+(jobs/maintenance.py; docs/architecture.md, "Background duties"). A claim takes only QUEUED jobs,
+so a job under a live lease is never handed out, and one whose lease expired is handed out again
+once that step returned it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from jobs.queue import (
     PULL_FAILED,
     acknowledge_pull_job,
     claim_for_pull,
-    sweep_expired_leases,
     take_for_pull,
 )
 from jobs.retry import Verdict
@@ -101,7 +105,6 @@ class QueuedJobsView(TokenView):
     def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
         limit = _bounded_int(request.query_params.get("limit"), "limit", DEFAULT_LIMIT, MAX_LIMIT)
-        sweep_expired_leases()
         if consumer.paused:
             return Response({"Result": []})
         jobs = (
@@ -141,7 +144,6 @@ class ClaimView(TokenView):
         lease = form.validated_data.get("timeout")  # None: the queue's own lease length
         wait = min(form.validated_data.get("wait", 0), MAX_WAIT_SECONDS)
         deadline = time.monotonic() + wait
-        sweep_expired_leases()
         jobs = _claim_unless_paused(consumer, limit, lease) if limit else []
         if jobs or not limit or not wait:
             return _claimed(jobs)

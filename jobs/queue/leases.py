@@ -47,7 +47,7 @@ def sweep_expired_leases(now: datetime | None = None, batch: int = SWEEP_BATCH) 
     """Return expired INFLIGHT jobs to QUEUED (or DEAD when out of attempts); how many moved."""
     now = now or timezone.now()
     expired = Job.objects.filter(status=INFLIGHT, lease_expires_at__lt=now)
-    if not expired.exists():  # the usual case, on every pull claim too: one look, no transaction
+    if not expired.exists():  # the usual case, every second: one look, no transaction
         return 0
     with transaction.atomic():
         return _sweep(expired, now, batch)

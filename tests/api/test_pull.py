@@ -19,6 +19,7 @@ from django.test import Client
 from broker import publish
 from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
+from jobs.maintenance import Maintenance
 from jobs.models import Job
 from jobs.queue.leases import LEASE_EXPIRED, sweep_expired_leases
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
@@ -626,11 +627,16 @@ def test_an_expired_lease_kills_the_job_once_its_attempts_are_used_up(
     assert job.last_error.startswith(LEASE_EXPIRED)
 
 
-def test_queued_jobs_sweeps_expired_leases_first(client, worker, lease_settings):
+def test_an_expired_lease_is_listed_again_once_the_dispatchers_sweep_ran(
+    client, worker, lease_settings
+):
     with time_machine.travel(T0, tick=False) as traveller:
         job = pull_job(worker, INFLIGHT, message_id="order-1")
         assert queued_ids(client) == []
         traveller.shift(33)
+        assert queued_ids(client) == []  # no request sweeps: the dispatchers' step does
+
+        Maintenance("dispatcher-1").sweep()
 
         assert queued_ids(client) == ["order-1"]
 
@@ -698,11 +704,14 @@ def test_claim_of_zero_jobs_takes_nothing(client, worker):
     assert snapshot(job)["status"] == QUEUED
 
 
-def test_claim_sweeps_expired_leases_first(client, worker, lease_settings):
+def test_claim_never_hands_out_a_leased_job_and_takes_it_once_swept(client, worker, lease_settings):
     with time_machine.travel(T0, tick=False) as traveller:
         pull_job(worker, INFLIGHT, message_id="order-1")
+        assert claim(client).json()["Result"] == []
         traveller.shift(33)
+        assert claim(client).json()["Result"] == []  # expired, but not swept yet
 
+        Maintenance("dispatcher-1").sweep()
         result = claim(client).json()["Result"]
 
     assert [(item["Message"]["MessageID"], item["Attempts"]) for item in result] == [("order-1", 2)]

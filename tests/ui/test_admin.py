@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import pytest
 
 from broker.models import Channel
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt
 from jobs.states import DEAD, DELIVERED, QUEUED
+from tests.conftest import FORM
 from tests.helpers import make_job
 
 pytestmark = pytest.mark.django_db
@@ -117,7 +120,7 @@ def test_the_consumer_form_refuses_a_private_callback_address(superuser_client, 
         "new_callback_url": "http://169.254.169.254/latest/meta-data/",
         "type": consumer.type,
         "ordering": consumer.ordering,
-        "non_retryable_statuses": "[]",
+        "non_retryable_statuses": "",
     }
 
     response = superuser_client.post(f"/admin/consumers/consumer/{consumer.pk}/change/", form)
@@ -126,3 +129,70 @@ def test_the_consumer_form_refuses_a_private_callback_address(superuser_client, 
     assert "errorlist" in response.content.decode()
     consumer.refresh_from_db()
     assert consumer.callback_url != form["new_callback_url"]
+
+
+def admin_consumer_form(consumer: Consumer, **settings: str) -> dict[str, str]:
+    return {
+        "channel": consumer.channel_id,
+        "public_id": consumer.public_id,
+        "name": consumer.name,
+        "type": consumer.type,
+        "ordering": consumer.ordering,
+        **settings,
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "wire_name", "value"),
+    [
+        ("retry_delays", "retryDelays", "1,x"),
+        ("retry_delays", "retryDelays", ",".join(["1"] * 51)),
+        ("non_retryable_statuses", "nonRetryableStatuses", "99"),
+        ("max_in_flight", "maxInFlight", "0"),
+        ("max_job_age", "maxJobAge", "-1"),
+        ("max_per_second", "maxPerSecond", "100001"),
+        ("event_types", "eventTypes", "order.**"),
+    ],
+)
+def test_the_consumer_form_refuses_what_the_api_refuses_with_its_words(
+    superuser_client, admin_client, job, field, wire_name, value
+):
+    """One validation (consumers/services.py) for the API, the operator UI and the admin."""
+    consumer = Consumer.objects.get(pk=job.consumer_id)
+    page = f"/admin/consumers/consumer/{consumer.pk}/change/"
+
+    response = superuser_client.post(page, admin_consumer_form(consumer, **{field: value}))
+
+    assert response.status_code == 200  # the form again, with the error
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == [field]
+    api = admin_client.put(
+        f"/channel/{consumer.channel_id}/consumer/{consumer.public_id}",
+        urlencode({"callbackUrl": "https://b.example/h", wire_name: value}),
+        content_type=FORM,
+    )
+    assert api.json()["Error"] == f"{wire_name}: {errors[field][0]}"
+
+
+def test_the_consumer_form_shows_and_saves_settings_as_the_ui_does(superuser_client, job):
+    Consumer.objects.filter(pk=job.consumer_id).update(
+        retry_delays=[5, 60], event_types=["a.*"], max_per_second=0.5
+    )
+    consumer = Consumer.objects.get(pk=job.consumer_id)
+    page = f"/admin/consumers/consumer/{consumer.pk}/change/"
+
+    form = superuser_client.get(page).context["adminform"].form
+    typed = {"retry_delays": "5, 60", "event_types": "a.*", "max_per_second": "0.5"}
+    assert {name: form.initial[name] for name in typed} == typed
+
+    changed = {"retry_delays": "1,2, 3", "event_types": "b.*, c", "max_job_age": "0"}
+    response = superuser_client.post(page, admin_consumer_form(consumer, **changed))
+
+    assert response.status_code == 302
+    consumer.refresh_from_db()
+    assert (consumer.retry_delays, consumer.event_types, consumer.max_job_age) == (
+        [1, 2, 3],
+        ["b.*", "c"],
+        0,
+    )
+    assert (consumer.max_per_second, consumer.non_retryable_statuses) == (None, [])

@@ -73,8 +73,8 @@ def admin_change(client, consumer: Consumer, new_callback_url: str):
         "new_callback_url": new_callback_url,
         "type": consumer.type,
         "ordering": consumer.ordering,
-        "non_retryable_statuses": "[]",
-        "event_types": "[]",
+        "non_retryable_statuses": "",
+        "event_types": "",
     }
     return client.post(f"{ADMIN_PAGE}/{consumer.pk}/change/", form)
 
@@ -101,8 +101,8 @@ def test_a_consumer_added_in_the_admin_needs_a_callback_url(superuser_client, bi
         "name": "Audit",
         "type": "push",
         "ordering": "none",
-        "non_retryable_statuses": "[]",
-        "event_types": "[]",
+        "non_retryable_statuses": "",
+        "event_types": "",
     }
 
     refused = superuser_client.post(f"{ADMIN_PAGE}/add/", form)

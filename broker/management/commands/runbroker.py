@@ -59,7 +59,11 @@ class Command(BaseCommand):
             help="gunicorn worker processes of the web server (4 threads each)",
         )
         parser.add_argument(
-            "--dispatchers", type=int, default=1, help="push dispatcher processes (0: none)"
+            "--dispatchers",
+            type=int,
+            default=1,
+            help="push dispatcher processes (0: none; one must run somewhere: it also sweeps leases"
+            " and releases scheduled messages)",
         )
         parser.add_argument(
             "--no-housekeeping",
