@@ -40,11 +40,10 @@ def test_under_require_tools_an_absent_tool_fails_the_test(monkeypatch):
         tools.require_tool("frobnicator")
 
 
-def marked(*names: str) -> pytest.Item:
+def marked(*names: str) -> Any:
     """A stand-in for a test item with `needs_tool(*names)` among its marks."""
     marks = [pytest.mark.needs_tool(*names).mark, pytest.mark.django_db.mark]
-    item: Any = SimpleNamespace(iter_markers=lambda name: [m for m in marks if m.name == name])
-    return item
+    return SimpleNamespace(iter_markers=lambda name: [m for m in marks if m.name == name])
 
 
 def test_the_mark_requires_every_tool_it_names():
