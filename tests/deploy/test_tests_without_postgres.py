@@ -18,6 +18,7 @@ Marked `docker`, so the default test command leaves it out: `.venv/bin/pytest -m
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -106,7 +107,7 @@ def test_the_readme_test_command_passes_on_a_machine_with_python_only(tmp_path):
     assert test_command.endswith(".venv/bin/pytest"), test_command
     subset_command = f"{test_command} {' '.join(SUBSET)}"
 
-    name = f"broker-python-only-{tmp_path.name}"
+    name = f"broker-python-only-{os.getpid()}"
     started = time.monotonic()
     try:
         # Not run(): its output is wanted whether it passes or not.
