@@ -87,6 +87,41 @@ def pytest_testnodedown(node, error) -> None:
     FIGURES.extend(getattr(node, "workeroutput", {}).get("fault_figures", []))
 
 
+def pytest_report_header() -> str:
+    """Which PostgreSQL the session runs on: the embedded one of tests/embedded_database.py (its
+    data directory is a temporary one) or DATABASE_URL's."""
+    import psycopg
+
+    settings = connection.settings_dict
+    where = f"{settings['HOST']}:{settings['PORT']}"
+    try:
+        with psycopg.connect(
+            host=settings["HOST"],
+            port=settings["PORT"],
+            user=settings["USER"],
+            password=settings["PASSWORD"],
+            dbname="postgres",  # as Django's test database creation: NAME may not exist yet
+            connect_timeout=10,
+        ) as server:
+            version = server.execute("SHOW server_version").fetchone()
+            directory = server.execute(
+                "SELECT setting FROM pg_settings WHERE name = 'data_directory'"
+            ).fetchone()  # no row for a role that may not read it
+    except psycopg.Error as error:
+        return f"database: {where}, which refused this session's connection: {error}"
+    data = f", data directory {directory[0]}" if directory else ""
+    return f"database: PostgreSQL {version[0] if version else '?'} on {where}{data}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures: the system tools it is marked `needs_tool` with, or a skip
+    that names what to install (a failure under BROKER_TESTS_REQUIRE_TOOLS=1; tests/tools.py)."""
+    from tests.tools import require_marked_tools
+
+    require_marked_tools(item)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     from tests.faults import FIGURES
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from tests.processes import free_port
+from tests.tools import require_tool
 
 SERVER_USER = "postgres"  # the OS user that owns the clusters when the tests run as root
 STARTUP_SECONDS = 120  # a loaded machine can be slow to start a server
@@ -37,19 +37,6 @@ SETTINGS = {
     "max_wal_senders": "4",
     "hot_standby": "on",
 }
-
-
-def binaries() -> Path:
-    """The directory of initdb, pg_ctl and pg_basebackup; the test is skipped without them."""
-    candidates = [os.environ.get("PG_BINDIR", "")]
-    candidates += sorted(map(str, Path("/usr/lib/postgresql").glob("*/bin")), reverse=True)
-    if initdb := shutil.which("initdb"):
-        candidates.append(str(Path(initdb).parent))
-    for candidate in filter(None, candidates):
-        directory = Path(candidate)
-        if all((directory / name).is_file() for name in ("initdb", "pg_ctl", "pg_basebackup")):
-            return directory
-    pytest.skip("the PostgreSQL server binaries (initdb, pg_ctl, pg_basebackup) are not installed")
 
 
 @dataclass
@@ -95,7 +82,8 @@ class Server:
 def primary_and_replica(replica_settings: dict[str, str]) -> Iterator[tuple[Server, Server]]:
     """A started primary, and a hot standby streaming from it with `replica_settings` on top
     of its own; both stopped and their directory deleted afterwards."""
-    bin_dir = binaries()
+    # The directory of initdb, pg_ctl and pg_basebackup; without them the test skips.
+    bin_dir = require_tool("postgresql-server")
     root = Path(tempfile.mkdtemp(prefix="broker-pg-"))
     _give_to_server_user(root)
     servers: list[Server] = []

@@ -3,9 +3,9 @@
 Marked `docker`, so the default test command leaves it out: `.venv/bin/pytest -m docker` (a step
 of .ci/run) needs root, a running dockerd, docker-compose (v1, or Compose v2 as `docker compose`)
 and debootstrap. No registry is reachable here, so the base image is a Debian bookworm made by
-debootstrap (kept under its tag, built once per machine), and PostgreSQL is deploy/postgres built
-on it. Every container talks to the others over the compose network and to the test over ports
-published on 127.0.0.1 only.
+debootstrap (tests/deploy/docker_base.py), and PostgreSQL is deploy/postgres built on it. Every
+container talks to the others over the compose network and to the test over ports published on
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -33,32 +33,20 @@ from jobs.models import Job
 from jobs.states import DELIVERED
 from tests import ROOT
 from tests.clock import skip_if_moved
+from tests.deploy.docker_base import BASE_IMAGE, ensure_base_image, run, tool
 from tests.faults import report
 from tests.processes import free_port
 
 pytestmark = pytest.mark.docker
 
-BASE_IMAGE = "broker-base:bookworm"
 BROKER_IMAGE = "webhook-broker:stack-test"
 POSTGRES_IMAGE = "broker-postgres:15-stack-test"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
 SERVICES = {"postgres": 1, "migrate": 1, "web": 1, "dispatcher": 2, "housekeeping": 1}
 RECEIVER_DELAY_SECONDS = 1  # keeps deliveries in flight when the stack is stopped
 BATCH = 200
 # At most this many of the consumer's jobs in flight: 200 take about 10 s, so the stop finds some
 # in flight (they drain) and most still queued (delivered after the restart).
 MAX_IN_FLIGHT = 20
-
-
-def run(*command: str, timeout: float = 600, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run a command; fail the test with its output when it fails."""
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
-    )
-    if result.returncode != 0:
-        output = f"{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
-        pytest.fail(f"{' '.join(command)} exited {result.returncode}:\n{output}")
-    return result
 
 
 def buildkit_docker() -> str:
@@ -81,48 +69,11 @@ def buildkit_docker() -> str:
     pytest.fail("no docker CLI here builds with BuildKit (install buildx, or Debian's docker.io)")
 
 
-def tool(name: str) -> str:
-    """The full path of a command the test needs (.ci/run installs them)."""
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(
-            f"{name} is not installed (apt-get install docker.io docker-compose debootstrap)"
-        )
-    return path
-
-
 def compose_command() -> list[str]:
     """docker-compose (v1, Debian's), else Compose v2 as a docker plugin."""
     if shutil.which("docker-compose"):
         return [tool("docker-compose")]
     return [tool("docker"), "compose"]
-
-
-def image_exists(tag: str) -> bool:
-    inspect = subprocess.run(
-        [tool("docker"), "image", "inspect", tag], capture_output=True, check=False
-    )
-    return inspect.returncode == 0
-
-
-def build_base_image() -> None:
-    """Debian bookworm with python3 and its venv module, from debootstrap, as BASE_IMAGE."""
-    with tempfile.TemporaryDirectory(prefix="broker-base-") as root:
-        run(
-            tool("debootstrap"),
-            "--variant=minbase",
-            "--include=python3,python3-venv,ca-certificates",
-            "bookworm",
-            root,
-            DEBIAN_MIRROR,
-        )
-        tar = subprocess.Popen([tool("tar"), "-C", root, "-c", "."], stdout=subprocess.PIPE)
-        try:
-            run(tool("docker"), "import", "-", BASE_IMAGE, stdin=tar.stdout)
-        finally:
-            assert tar.stdout is not None
-            tar.stdout.close()
-            tar.wait(timeout=60)
 
 
 def pip_cert() -> str | None:
@@ -138,12 +89,9 @@ def images() -> dict[str, float]:
     """The base, broker and PostgreSQL images, built (the base only when absent), with how
     long each took."""
     skip_if_moved()  # the stack runs on the real clock; the signatures' timestamps too
-    if subprocess.run([tool("docker"), "info"], capture_output=True, check=False).returncode:
-        pytest.fail("no Docker daemon answers (start dockerd; .ci/run does)")
     timings = {}
     started = time.monotonic()
-    if not image_exists(BASE_IMAGE):
-        build_base_image()
+    ensure_base_image()
     timings["base_s"] = time.monotonic() - started
 
     docker = buildkit_docker()

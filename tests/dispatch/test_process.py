@@ -147,6 +147,7 @@ def restart_postgresql() -> None:
 
 
 @pytest.mark.disruptive
+@pytest.mark.needs_tool("postgresql-cluster")
 def test_a_database_restart_mid_run_loses_nothing(channel, receiver):
     push_consumer(channel, receiver)
     receiver.replies["/hook"] = Reply(200, delay=0.005)

@@ -12,11 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.db import DatabaseError, connection
@@ -36,10 +34,7 @@ from tests.helpers import (
 pytestmark = [
     pytest.mark.disruptive,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        shutil.which("pg_ctlcluster") is None or not Path("/etc/postgresql").is_dir(),
-        reason="needs the machine's PostgreSQL cluster (pg_ctlcluster) to stop and start",
-    ),
+    pytest.mark.needs_tool("postgresql-cluster"),
 ]
 
 ADMIN = {"Authorization": "Bearer outage-admin-token"}

@@ -1,42 +1,27 @@
 """One SparkSession (local[2]) for the whole test run, and the pipeline's configuration for the
 test database.
 
-Spark tests need Java, Debian's PostgreSQL JDBC driver and PostgreSQL; without one of them they
-are skipped with the reason. They use transactional tests (committed rows) because Spark reads
-the database through JDBC connections of its own.
+Spark tests need Java 17 and Debian's PostgreSQL JDBC driver; without one of them they skip,
+naming what to install (tests/tools.py; a failure under BROKER_TESTS_REQUIRE_TOOLS=1). They use
+transactional tests (committed rows) because Spark reads the database through JDBC connections of
+its own.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from spark_etl import tables
-from spark_etl.config import DEFAULT_JDBC_JAR, Database, EtlConfig
+from spark_etl.config import Database, EtlConfig
 
-
-def missing_requirement() -> str | None:
-    if importlib.util.find_spec("pyspark") is None:
-        return "needs pyspark (pip install -r requirements.txt)"
-    if shutil.which("java") is None:
-        return "needs Java 17 (apt-get install openjdk-17-jre-headless)"
-    if not Path(DEFAULT_JDBC_JAR).exists():
-        return f"needs the PostgreSQL JDBC driver at {DEFAULT_JDBC_JAR} (libpostgresql-jdbc-java)"
-    return None
-
-
-MISSING = missing_requirement()
-
+# What a SparkSession of the tests needs (it loads the JDBC driver at its start).
+needs_spark = pytest.mark.needs_tool("pyspark", "java", "jdbc-driver")
 # Module-level marks of the Spark tests on small frames, with no database.
-spark_only = [
-    pytest.mark.skipif(MISSING is not None, reason=MISSING or ""),
-]
+spark_only = [needs_spark]
 # Module-level marks of the Spark tests against the test database.
 spark_test = [*spark_only, pytest.mark.django_db(transaction=True)]
 

@@ -9,11 +9,11 @@ from django.core.management import call_command
 from django_q.models import Schedule  # type: ignore[import-untyped]
 
 from jobs.models import DeliveryReport
-from tests.spark.conftest import MISSING
+from tests.spark.conftest import needs_spark
 from tests.spark.history import make_history
 
 
-@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+@needs_spark
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("etl_config")
 def test_manage_py_runs_the_report_with_the_django_database(spark, tmp_path):

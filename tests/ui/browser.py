@@ -1,14 +1,14 @@
 """Shared parts of the end-to-end UI tests in headless Chromium (docs/ui.md).
 
-Playwright drives Debian's /usr/bin/chromium (never a downloaded browser); the `page` fixture is
-in tests/ui/conftest.py. Set UI_SCREENSHOTS=1 to refresh the screenshots in docs/screenshots/.
+Playwright drives Debian's /usr/bin/chromium (never a downloaded browser; tests/tools.py finds
+it, and without it the browser tests skip, naming what to install); the `page` fixture is in
+tests/ui/conftest.py. Set UI_SCREENSHOTS=1 to refresh the screenshots in docs/screenshots/.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -18,8 +18,8 @@ from jobs.dispatch import Dispatcher, DispatcherConfig
 from tests import ROOT
 from tests.delivery import run_once
 from tests.helpers import make_operator
+from tests.tools import require_tool
 
-CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -36,9 +36,7 @@ SCREENSHOTS = ROOT / "docs" / "screenshots"
 # Module-level marks of every browser test file.
 browser_test = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"
-    ),
+    pytest.mark.needs_tool("chromium"),
 ]
 
 
@@ -106,11 +104,12 @@ def chromium_page(monkeypatch, screen):
     yield; closed after the test."""
     from playwright.sync_api import sync_playwright
 
+    chromium = require_tool("chromium")
     # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
     # between browser steps are still plain synchronous code.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
         page = browser.new_page(**screen)
         page.set_default_timeout(10_000)
         yield page

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import DeliveryReport
-from tests.ui.browser import CHROMIUM, log_in, screenshot
+from tests.ui.browser import log_in, screenshot
 
 TODAY = timezone.now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
@@ -118,7 +118,7 @@ def test_queries_do_not_grow_with_rows(staff_client):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+@pytest.mark.needs_tool("chromium")
 def test_reports_page_in_a_browser(page, live_server):
     for day in range(14):
         for consumer, dead in (("billing", day % 3), ("shipping", 4 if day == 9 else 0)):
