@@ -40,11 +40,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     group_tests_that_share_a_costly_start(items)
 
 
-# Under pytest-xdist (`--dist loadgroup`, pyproject.toml), the tests of a group run in one worker:
-# those that share a session's Spark (a JVM) or installed wheel, which each worker would otherwise
-# start or build again, and those of a fixed port.
+# Under pytest-xdist (`--dist loadgroup`, pyproject.toml), the tests of a group run one after
+# another in one worker: those that share a session's Spark (a JVM) or installed wheel, which each
+# worker would otherwise start or build again, those of a fixed port, and those that restart the
+# machine's PostgreSQL or share the Docker daemon's base image.
 COSTLY_FIXTURES = {"spark": "spark-session", "installed_broker": "installed-broker"}
 FIXED_PORTS = {"tests/deploy/test_runbroker.py": "ports-8000-and-9000"}
+SHARED_MACHINE = {"disruptive": "machines-postgresql", "docker": "docker-daemon"}
 
 
 def group_tests_that_share_a_costly_start(items: list[pytest.Item]) -> None:
@@ -52,6 +54,7 @@ def group_tests_that_share_a_costly_start(items: list[pytest.Item]) -> None:
         fixtures = getattr(item, "fixturenames", ())
         groups = [group for fixture, group in COSTLY_FIXTURES.items() if fixture in fixtures]
         groups += [group for path, group in FIXED_PORTS.items() if item.nodeid.startswith(path)]
+        groups += [group for mark, group in SHARED_MACHINE.items() if item.get_closest_marker(mark)]
         if groups:
             item.add_marker(pytest.mark.xdist_group(groups[0]))
 
