@@ -21,25 +21,11 @@ from broker.models import Message
 from broker.payloads import PayloadMissing
 from consumers.models import Consumer
 from jobs.models import Job, JobQuerySet
+from jobs.queue.queries import CLAIMED_JOB_FIELDS, CLAIMED_MESSAGE_FIELDS
 from jobs.queue.rules import lease_expiry
 from jobs.states import DEAD, INFLIGHT, QUEUED, JobStatus
 
 SWEEP_BATCH = 500
-# What a claim gives a pull worker (jobs/api/serializers.py, QueuedJobSerializer), as Job and
-# Message field names in their models' order of fields, as `Model.from_db` takes them.
-CLAIMED_JOB_FIELDS = tuple(
-    field.attname
-    for field in Job._meta.concrete_fields
-    if field.attname
-    in {"id", "created_at", "consumer_id", "message_id", "status", "priority", "attempts",
-        "incremental_timeout"}
-)  # fmt: skip
-CLAIMED_MESSAGE_FIELDS = tuple(
-    field.attname
-    for field in Message._meta.concrete_fields
-    if field.attname
-    in {"id", "public_id", "payload", "payload_file", "content_type", "headers", "event_type"}
-)
 LEASE_EXPIRED = "lease expired before the outcome was reported"
 
 
