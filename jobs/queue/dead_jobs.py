@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.db import connection, transaction
-from django.db.models import Field, QuerySet
+from django.db.models import Field
 from django.utils import timezone
 
 from jobs.models import DeadLetterAction, Job, _requeue_changes
@@ -50,7 +50,7 @@ class Batch:
 
 def take_range(kind: str, dead: DeadRange, limit: int) -> Batch:
     """Requeue or purge (`kind`) the first `limit` jobs of `dead`, in the order they died."""
-    parameters = {
+    parameters: dict[str, Any] = {
         "consumer": dead.consumer_id,
         "since": dead.since,
         "before": dead.before,
@@ -66,16 +66,14 @@ def take_keys(kind: str, keys: Sequence[int]) -> int:
 
 def count_range(dead: DeadRange) -> int:
     """How many jobs `dead` holds now (an index range of job_consumer_dead_idx)."""
-    return _in_range(dead).count()
-
-
-def _in_range(dead: DeadRange) -> QuerySet[Job]:
-    return Job.objects.filter(
-        consumer_id=dead.consumer_id,
-        status=DEAD,
-        status_changed_at__gte=dead.since,
-        status_changed_at__lt=dead.before,
-    )
+    parameters: dict[str, Any] = {
+        "consumer": dead.consumer_id,
+        "since": dead.since,
+        "before": dead.before,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(statement("count_dead_range"), dict[str, Any](parameters))
+        return int(cursor.fetchone()[0])
 
 
 def _run(kind: str, picked_by: str, parameters: dict[str, Any]) -> Batch:

@@ -16,10 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, Q
+from django.utils import timezone
 
 from jobs.delivery import AttemptResult
-from jobs.models import Job, JobQuerySet
 from jobs.queue import circuit
 from jobs.queue.queries import statement
 from jobs.queue.types import JobKey
@@ -40,7 +39,7 @@ def record_outcomes(
         return {}
     for verdict in {outcome.verdict for outcome in outcomes.values()}:
         check_transition(INFLIGHT, TARGETS[verdict])
-    parameters = {
+    parameters: dict[str, Any] = {
         "dispatcher": dispatcher_id,
         "now": now,
         **_job_parameters(results, outcomes),
@@ -131,19 +130,16 @@ def failure_summary(result: AttemptResult) -> str:
 def release_unsent(keys: Iterable[JobKey]) -> int:
     """Give claimed jobs that were never sent back to the queue, without using an attempt and
     in their place: they keep the due time they were claimed at. By their whole primary keys,
-    (id, partition_at), as the claim returned them."""
-    return _by_keys(keys).transition(
-        INFLIGHT, QUEUED, attempts=F("attempts") - 1, lease_expires_at=None
-    )
-
-
-def _by_keys(keys: Iterable[JobKey]) -> JobQuerySet:
-    """The jobs of these whole primary keys: each is looked for in its own time partition
-    (jobs/partitions.py), where an id alone probes every partition's index."""
-    pairs = [Q(pk=pk, partition_at=partition_at) for pk, partition_at in keys]
-    if not pairs:
-        return Job.objects.none()
-    either = pairs[0]
-    for pair in pairs[1:]:
-        either |= pair
-    return Job.objects.filter(either)
+    (id, partition_at), as the claim returned them. How many went back."""
+    keys = list(keys)
+    if not keys:
+        return 0
+    check_transition(INFLIGHT, QUEUED)
+    parameters: dict[str, Any] = {
+        "jobs": [key for key, _ in keys],
+        "partitions": [partition_at for _, partition_at in keys],
+        "changed_at": timezone.now(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(statement("release_unsent"), parameters)
+        return int(cursor.rowcount)
