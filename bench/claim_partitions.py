@@ -198,7 +198,9 @@ def measure_mode(mode: str, warmup: int, runs: int) -> dict[str, Any]:
     and jobs, the CPU of the backend and of this process over the timed ones, and the plans."""
     from django.db import connection
 
-    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL
+    from jobs.queue.queries import statement as queue_statement
+
+    claim_sql = queue_statement("claim_for_push")
 
     connection.close()  # without a pool, the next query opens a new session
     with connection.cursor() as cursor:
@@ -210,7 +212,7 @@ def measure_mode(mode: str, warmup: int, runs: int) -> dict[str, Any]:
     claims = [rolled_back_claim(CLAIM) for _ in range(runs)]
     server_after, own_after = cpu_seconds(backend)
     with connection.cursor() as cursor:
-        cursor.execute(PLANS_SQL, [CLAIM_FOR_PUSH_SQL.strip().splitlines()[0]])
+        cursor.execute(PLANS_SQL, [claim_sql.strip().splitlines()[0]])
         plans = cursor.fetchone()
     server = None if server_before is None or server_after is None else server_after - server_before
     return {
@@ -227,14 +229,16 @@ def explained_claim() -> tuple[float, float]:
     (planning ms, execution ms)."""
     from django.db import connection, transaction
 
-    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL
+    from jobs.queue.queries import statement as queue_statement
+
+    claim_sql = queue_statement("claim_for_push")
 
     statements: list[str] = []
 
     def capture(
         execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
     ) -> Any:
-        if sql == CLAIM_FOR_PUSH_SQL:  # client-side binding writes the values in
+        if sql == claim_sql:  # client-side binding writes the values in
             with ClientCursor(connection.connection) as client:
                 statements.append(client.mogrify(sql, params))
         return execute(sql, params, many, context)
@@ -242,7 +246,7 @@ def explained_claim() -> tuple[float, float]:
     with connection.execute_wrapper(capture):
         rolled_back_claim(CLAIM)
     if not statements:
-        raise RuntimeError("claim_for_push ran no CLAIM_FOR_PUSH_SQL: not PostgreSQL's queue?")
+        raise RuntimeError("claim_for_push ran no claim_sql: not PostgreSQL's queue?")
     plan: dict[str, Any] = {}
     with transaction.atomic():
         with connection.cursor() as cursor:

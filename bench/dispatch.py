@@ -533,10 +533,12 @@ def explain_claim(bench: Bench, label: str, setup: Callable[[], object] | None =
     one (what PostgreSQL may keep for a prepared statement after five runs)."""
     from django.utils import timezone
 
-    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL
+    from jobs.queue.queries import statement as queue_statement
+
+    claim_sql = queue_statement("claim_for_push")
     from jobs.queue.rules import lease_expiry
 
-    statement = CLAIM_FOR_PUSH_SQL % CLAIM_PLACEHOLDERS
+    statement = claim_sql % CLAIM_PLACEHOLDERS
     for name, mode in PLAN_MODES.items():
         with bench.db.transaction() as explained:
             if setup:
@@ -774,7 +776,10 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
     from django.utils import timezone
 
     from jobs.queue import ClaimRooms
-    from jobs.queue.postgres_push import CLAIM_FOR_PUSH_SQL, claim_parameters
+    from jobs.queue.postgres import claim_parameters
+    from jobs.queue.queries import statement as queue_statement
+
+    claim_sql = queue_statement("claim_for_push")
 
     [consumer] = prepare(bench, 1, 9, None)  # nothing is sent
     bench.db.execute(
@@ -786,7 +791,7 @@ def time_ordered_claims(bench: Bench, rows: int, keys: int) -> float:
         parameters = claim_parameters(100, timezone.now(), ClaimRooms.unbounded(100), "bench")
         with bench.db.transaction() as claim:
             started = time.perf_counter()
-            claimed = len(bench.db.execute(CLAIM_FOR_PUSH_SQL, parameters).fetchall())
+            claimed = len(bench.db.execute(claim_sql, parameters).fetchall())
             timings.append((time.perf_counter() - started) * 1000)
             raise psycopg.Rollback(claim)  # hand nothing out: every claim sees the same queue
     median = percentile(timings, 0.5)

@@ -12,6 +12,7 @@ from django.utils import timezone
 from consumers import services
 from consumers.models import Consumer
 from consumers.services import SettingFormField, set_paused
+from jobs.queue import circuit
 
 
 class ConsumerForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -112,7 +113,7 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="circuit")
     def circuit(self, consumer: Consumer) -> str:
-        return consumer.circuit_state(timezone.now())
+        return circuit.state(consumer, timezone.now())
 
     @admin.action(description="Pause delivery to the selected consumers", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
@@ -125,7 +126,7 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description="Close the circuit of the selected consumers", permissions=["change"])
     def close_circuit(self, request: HttpRequest, queryset: QuerySet[Consumer]) -> None:
         for consumer in queryset:
-            consumer.close_circuit()
+            circuit.close(consumer)
         messages.success(request, f"Closed the circuit of {len(queryset)} consumer(s).")
 
     @staticmethod

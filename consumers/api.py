@@ -28,8 +28,9 @@ from broker.api.serializers import (
 from broker.models import Channel
 from consumers import services
 from consumers.models import Consumer
+from jobs.queue import circuit
 
-CIRCUIT_STATES = ["closed", "open", "half-open"]  # Consumer.circuit_state
+CIRCUIT_STATES = ["closed", "open", "half-open"]  # jobs/queue/circuit.py, `state`
 
 
 def consumer_url(consumer: Consumer) -> str:
@@ -73,7 +74,7 @@ class ConsumerSerializer(StakeholderSerializer):
 
     @extend_schema_field(serializers.ChoiceField(choices=CIRCUIT_STATES))
     def get_CircuitState(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
-        return consumer.circuit_state(timezone.now())
+        return circuit.state(consumer, timezone.now())
 
 
 class SettingField(serializers.CharField):

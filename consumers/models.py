@@ -16,7 +16,6 @@ from broker.tokens import generate_token, secrets_equal
 from consumers.callback_url import masked_callback_url, validate_callback_url
 
 SIGNING_FIELDS = ["signing_secret", "previous_signing_secret", "previous_secret_expires_at"]
-CIRCUIT_FIELDS = ["circuit_failures", "circuit_open_until", "circuit_cooldown_seconds"]
 
 
 def generate_signing_secret() -> str:
@@ -63,7 +62,7 @@ class Consumer(ChangeTracked):
     signing_secret = EncryptedTextField(default=generate_signing_secret)
     previous_signing_secret = EncryptedTextField(null=True, blank=True)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
-    # Circuit breaker (docs/delivery.md, "Circuit breaker"): failed attempts in a row; while
+    # Circuit breaker (jobs/queue/circuit.py, its one owner): failed attempts in a row; while
     # `circuit_open_until` is in the future nothing is claimed for this consumer; once it has
     # passed, one probe is. Changed by the dispatcher without touching changed_at (delivery activity
     # is not a change of settings).
@@ -118,20 +117,6 @@ class Consumer(ChangeTracked):
     @property
     def is_pull(self) -> bool:
         return self.type == Consumer.Type.PULL
-
-    def circuit_state(self, now: datetime) -> str:
-        """ "closed" (delivering), "open" (holding back until circuit_open_until) or "half-open"
-        (the cooldown is over: the next claim sends one probe)."""
-        if self.circuit_open_until is None:
-            return "closed"
-        return "open" if now < self.circuit_open_until else "half-open"
-
-    def close_circuit(self) -> None:
-        """Close the circuit now (an operator's decision); delivery resumes with the next claim."""
-        closed = {"circuit_failures": 0, "circuit_open_until": None, "circuit_cooldown_seconds": 0}
-        Consumer.objects.filter(pk=self.pk).update(**closed)
-        for name, value in closed.items():
-            setattr(self, name, value)
 
     def set_token(self, token: str | None = None) -> str:
         """Store a token (a new random one when None) and return it in plain text."""

@@ -30,7 +30,7 @@ from broker.stakeholders import apply_stakeholder_form
 from consumers.callback_url import masked_callback_url, validate_callback_url
 from consumers.models import Consumer
 from consumers.safety import UnsafeCallback, check_callback_url
-from jobs.queue import restart_age
+from jobs.queue import circuit, restart_age
 from jobs.signing import InvalidSecret, decode_secret
 
 T = TypeVar("T")
@@ -338,7 +338,7 @@ def pause_consumer(channel_id: str, consumer_id: str, paused: bool) -> Consumer:
 def close_circuit(channel_id: str, consumer_id: str) -> Consumer:
     """Close the consumer's circuit now (docs/delivery.md, "Circuit breaker") and return it."""
     consumer = find_consumer(channel_id, consumer_id)
-    consumer.close_circuit()
+    circuit.close(consumer)
     return consumer
 
 

@@ -1,9 +1,9 @@
 """The push dispatcher (docs/dispatcher.md): claims due jobs, delivers them concurrently, records
 outcomes. A thin loop over small synchronous steps, each one short transaction on the job queue
 (jobs/queue): `claim`, `complete`, `release`, and the maintenance steps beside them
-(jobs/maintenance.py). They run in database threads; deliveries run concurrently on an asyncio
-loop with one keep-alive connection pool. No transaction or row lock is ever held across an HTTP
-request. Tests drive the steps directly, never the loop.
+(jobs/maintenance.py). They run in database threads (jobs/dispatch_threads.py); deliveries run
+concurrently on an asyncio loop with one keep-alive connection pool. No transaction or row lock
+is ever held across an HTTP request. Tests drive the steps directly, never the loop.
 
 Any number of dispatchers can share one database: the queue never hands a job out twice. A job's
 attempt is counted when it is claimed, before anything is sent: a message that crashes every
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -25,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import InterfaceError, OperationalError, ProgrammingError, connection
 from django.utils import timezone
 
 from broker.conf import broker_settings
@@ -41,6 +39,14 @@ from jobs.delivery import (
     open_sender,
     unanswered,
 )
+from jobs.dispatch_threads import (
+    CONNECTION_ERRORS,
+    BrokenDatabase,
+    DatabaseDown,
+    DatabaseThreads,
+    UnrecordedOutcomes,
+    drop_connection,
+)
 from jobs.fair_share import FairShare
 from jobs.health import Health
 from jobs.maintenance import HOUSEKEEPING_SECONDS, RELEASE_SECONDS, Maintenance
@@ -52,8 +58,6 @@ from jobs.retry import Outcome, Verdict, decide, throttle_seconds
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-# What a lost or refused database connection raises: the step is skipped and tried again later.
-CONNECTION_ERRORS = (OperationalError, InterfaceError)
 
 SHUTDOWN_MESSAGE = "dispatcher stopped before the consumer answered"
 Delivering = asyncio.Task[AttemptResult | None]  # a delivery in flight (`_send`)
@@ -93,10 +97,7 @@ class Dispatcher:
         self._held_back: list[JobKey] = []  # their keys, until given back
         self._recording = 0  # results being recorded right now
         self.health = Health()  # what --health-port serves (jobs/health.py)
-        # Two database threads (started on first use), each with its own connection, so that
-        # recording outcomes never holds up the next claim.
-        self._claimer = ThreadPoolExecutor(1, thread_name_prefix="dispatch-claim")
-        self._recorder = ThreadPoolExecutor(1, thread_name_prefix="dispatch-record")
+        self.threads = DatabaseThreads(self.health)  # where the steps run
 
     # --- steps: synchronous, one short transaction each --------------------------------------
 
@@ -155,7 +156,7 @@ class Dispatcher:
             try:
                 self.complete([result])
             except CONNECTION_ERRORS as exc:
-                _drop_connection()
+                drop_connection()
                 raise UnrecordedOutcomes(results[done:]) from exc
 
     def _complete_batch(self, results: list[AttemptResult]) -> dict[int, Outcome]:
@@ -165,16 +166,7 @@ class Dispatcher:
         now = timezone.now()
         policies = self._consumers.policies({r.consumer_id for r in results})
         outcomes = {r.job_id: decide(r, policies[r.consumer_id], now) for r in results}
-        # Consumers that answered, and not with "unavailable": they are up (docs/delivery.md,
-        # "Circuit breaker").
-        answered = {
-            r.consumer_id
-            for r in results
-            if r.status_code is not None and not outcomes[r.job_id].unavailable
-        }
-        recorded = queue.record_outcomes(
-            results, outcomes, answered, self.config.dispatcher_id, now
-        )
+        recorded = queue.record_outcomes(results, outcomes, self.config.dispatcher_id, now)
         for result in results:
             DELIVERY_SECONDS.observe(result.duration_ms / 1000)
         for outcome in outcomes.values():
@@ -217,9 +209,7 @@ class Dispatcher:
             async with open_sender(self.config.concurrency) as send:
                 await self._loop(send)
         finally:
-            for executor in {self._claimer, self._recorder}:
-                await asyncio.get_running_loop().run_in_executor(executor, _drop_connection)
-                executor.shutdown()
+            await self.threads.close()
 
     async def _loop(self, send: Send) -> None:
         in_flight: dict[Delivering, DeliveryRequest] = {}
@@ -275,7 +265,7 @@ class Dispatcher:
         """
         self._recording = len(results)
         try:
-            await self._db(self.complete, results, thread=self._recorder)
+            await self.threads.run(self.complete, results, thread=self.threads.recorder)
         except (DatabaseDown, UnrecordedOutcomes) as exc:
             self._finished[:0] = exc.results if isinstance(exc, UnrecordedOutcomes) else results
             await asyncio.sleep(self.config.poll_seconds)
@@ -363,56 +353,13 @@ class Dispatcher:
         the database being down or broken: that is logged with its traceback, and the loop
         goes on serving every other job (the step runs again on its next turn)."""
         try:
-            return await self._db(step, *args)
+            return await self.threads.run(step, *args)
         except (DatabaseDown, BrokenDatabase):
             raise
         except Exception:
             logger.exception("dispatcher step %s failed; carrying on", step.__name__)
-            await asyncio.get_running_loop().run_in_executor(self._claimer, _drop_connection)
+            await self.threads.drop_connection()
             return None
-
-    async def _db(
-        self, step: Callable[..., T], *args: Any, thread: ThreadPoolExecutor | None = None
-    ) -> T:
-        """Run a database step in a database thread (the claiming one unless told).
-
-        On a lost connection the connection is dropped, so that the next step reconnects, and
-        DatabaseDown is raised: the loop skips that pass. Claimed jobs stay INFLIGHT until their
-        lease expires; finished results stay in memory and are recorded on a later pass. A
-        schema that is not this version's (migrations not run) raises BrokenDatabase.
-        """
-        thread = thread or self._claimer
-        loop = asyncio.get_running_loop()
-        try:
-            result = await loop.run_in_executor(thread, functools.partial(step, *args))
-        except CONNECTION_ERRORS as exc:
-            self.health.database_failed()
-            logger.warning("database unavailable during %s: %s", step.__name__, type(exc).__name__)
-            await loop.run_in_executor(thread, _drop_connection)
-            raise DatabaseDown from exc
-        except ProgrammingError as exc:
-            raise BrokenDatabase(
-                f"the database refused the dispatcher's {step.__name__} step ({exc}); "
-                "is its schema this version's? Run `manage.py migrate`."
-            ) from exc
-        self.health.database_ok()
-        return result
-
-
-class DatabaseDown(Exception):
-    pass
-
-
-class BrokenDatabase(Exception):
-    """The database answers, but not as this version needs (tables or columns missing)."""
-
-
-class UnrecordedOutcomes(Exception):
-    """The connection was lost while outcomes were recorded one by one: these were not."""
-
-    def __init__(self, results: list[AttemptResult]) -> None:
-        super().__init__(f"{len(results)} outcomes not recorded")
-        self.results = results
 
 
 def _result_of(task: Delivering, request: DeliveryRequest) -> AttemptResult | None:
@@ -446,7 +393,3 @@ def _unsendable(job: ClaimedJob, consumer: Consumer | None, exc: Exception) -> A
 
 def _key_of(request: DeliveryRequest) -> JobKey:
     return request.job_id, request.partition_at
-
-
-def _drop_connection() -> None:
-    connection.close()

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from consumers.models import Consumer
 from jobs.models import DispatcherHeartbeat
+from jobs.queue import circuit as circuit_breaker
 from jobs.states import DEAD, INFLIGHT, QUEUED
 from jobs.status_summary import JobCounts, status_counts
 
@@ -148,7 +149,7 @@ def _consumer_states(consumers: list[Consumer]) -> Iterator[GaugeMetricFamily]:
     for consumer in consumers:
         name = [consumer.channel_id, consumer.public_id]
         paused.add_metric(name, float(consumer.paused))
-        circuit.add_metric(name, CIRCUIT_VALUES[consumer.circuit_state(now)])
+        circuit.add_metric(name, CIRCUIT_VALUES[circuit_breaker.state(consumer, now)])
         failures.add_metric(name, consumer.circuit_failures)
     yield from (paused, circuit, failures)
 

@@ -40,6 +40,7 @@ from broker.ui.delivery_state import delivery_states
 from consumers import services
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
+from jobs.queue import circuit
 from jobs.queue_depth import COUNT_LIMIT, BoundedCount, queue_depth_of
 from jobs.test_event import send_test_event
 
@@ -84,7 +85,7 @@ def consumer_list(request: HttpRequest) -> HttpResponse:
     page = paging.page_of(request, consumers, paging.BY_CHANNEL_AND_ID.cursor_of, parameter="after")
     now = timezone.now()
     for consumer in page.rows:
-        consumer.circuit = consumer.circuit_state(now)  # type: ignore[attr-defined]
+        consumer.circuit = circuit.state(consumer, now)  # type: ignore[attr-defined]
     context = {"consumers": page.rows, "channel": channel_id, **page.links()}
     return render(request, "ui/consumers.html", context)
 
@@ -122,7 +123,7 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
     now = timezone.now()
     context = {
         "consumer": consumer,
-        "circuit": consumer.circuit_state(now),
+        "circuit": circuit.state(consumer, now),
         "throttled": consumer.throttled_until is not None and consumer.throttled_until > now,
         "previous_secret_signs": len(consumer.active_signing_secrets(now)) > 1,
         "job_counts": job_counts(consumer),

@@ -24,6 +24,7 @@ from broker.ui.charts import Series, stacked_bars
 from broker.ui.delivery_state import DeliveryState, delivery_states
 from consumers.models import Consumer
 from jobs.models import DispatcherHeartbeat
+from jobs.queue import circuit
 from jobs.queue.dispatchers import FROZEN_SECONDS
 from jobs.queue_depth import (
     TOTAL_LIMIT,
@@ -158,7 +159,7 @@ def channel_groups(
         row = ConsumerRow(
             consumer=consumer,
             depth=depths.get(consumer.pk, QueueDepth(none, none, none)),  # one created meanwhile
-            circuit=consumer.circuit_state(now),
+            circuit=circuit.state(consumer, now),
             state=states[consumer.pk],
             hour=last_hour.per_consumer.get(consumer.pk, Tally()),
             day=last_day.per_consumer.get(consumer.pk, Tally()),

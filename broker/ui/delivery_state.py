@@ -14,6 +14,7 @@ from django.db.models import OuterRef, Subquery
 from broker.templatetags.ui_format import utc
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt
+from jobs.queue import circuit
 from jobs.queue_depth import next_due_times
 
 
@@ -41,7 +42,7 @@ def held_back_by(consumer: Consumer, now: datetime) -> str:
     """Why none of the consumer's jobs is sent now, in words; "" when nothing holds them."""
     if consumer.paused:
         return "consumer paused"
-    if consumer.circuit_state(now) == "open":
+    if circuit.state(consumer, now) == "open":
         return f"circuit open until {utc(consumer.circuit_open_until)}"
     if consumer.throttled_until and consumer.throttled_until > now:
         return f"consumer answered 429, held until {utc(consumer.throttled_until)}"

@@ -11,8 +11,10 @@ them, and of the rules those follow (jobs/queue/rules.py).
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
 - wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
 
-The store is PostgreSQL: each operation runs as the statements of jobs/queue/postgres.py (the push
-claim's in postgres_push.py, the pull consumers' in postgres_pull.py). Requeues of single dead
+The store is PostgreSQL: each operation runs statements of jobs/queue/queries.sql, by name
+(jobs/queue/queries.py), from the module that owns it: postgres.py (publishing, release, replay,
+the push claim), outcomes.py (push outcomes), postgres_pull.py (pull consumers), dispatchers.py,
+dead_jobs.py. Requeues of single dead
 jobs, and a pull consumer's report on one job that is not the common INFLIGHT -> DELIVERED or
 DEAD, are single state changes: the state machine's own (jobs/models.py, jobs/states.py).
 Requeue and purge of many dead jobs go in batches: jobs/queue/dead_jobs.py (driven by
@@ -24,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import transaction
 from django.utils import timezone
 
 from broker.models import Message
@@ -32,9 +33,10 @@ from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import Job, named_by
 from jobs.queue import dispatchers, postgres, postgres_pull, wakeup
+from jobs.queue import outcomes as outcomes_module
 from jobs.queue.expiry import expire_old_jobs, restart_age
 from jobs.queue.leases import sweep_expired_leases, take_for_pull, with_readable_payloads
-from jobs.queue.outcomes import record_failures, release_unsent
+from jobs.queue.outcomes import release_unsent
 from jobs.queue.reports import PULL_FAILED, held_report, report_pull_outcomes
 from jobs.queue.rules import lease_expiry
 from jobs.queue.types import (
@@ -183,22 +185,15 @@ def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int | None = N
 def record_outcomes(
     results: list[AttemptResult],
     outcomes: dict[int, Outcome],
-    answered: set[int],
     dispatcher_id: str,
     now: datetime,
 ) -> dict[int, Outcome]:
-    """Record push attempts and move their jobs on by their outcomes, in one transaction: 2xx
-    answers DELIVERED, failures QUEUED again or DEAD, circuits opened or closed (`answered`: the
-    consumers that showed themselves up in this batch). Only a job still under the claim a result
-    is of moves. Returns the outcomes applied, by job (a job deleted meanwhile has none)."""
-    delivered = [r for r in results if outcomes[r.job_id].verdict is Verdict.DELIVERED]
-    failed = [r for r in results if outcomes[r.job_id].verdict is not Verdict.DELIVERED]
-    with transaction.atomic():
-        if delivered:
-            check_transition(INFLIGHT, DELIVERED)
-            postgres.record_deliveries(delivered, dispatcher_id, now)
-        applied = record_failures(failed, outcomes, answered, dispatcher_id, now)
-    return {r.job_id: outcomes[r.job_id] for r in delivered} | applied
+    """Record push attempts and move their jobs on by their outcomes, in one statement: 2xx
+    answers DELIVERED, failures QUEUED again or DEAD, circuits opened or closed
+    (jobs/queue/circuit.py), consumers' last failures, holds and pauses noted. Only a job still
+    under the claim a result is of moves. Returns the outcomes applied, by job (a failure's job
+    deleted meanwhile has none)."""
+    return outcomes_module.record_outcomes(results, outcomes, dispatcher_id, now)
 
 
 def acknowledge_pull_job(

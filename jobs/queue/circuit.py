@@ -1,100 +1,126 @@
 """The circuit breaker of push consumers (docs/delivery.md, "Circuit breaker"): a consumer that is
-down is left alone.
+down is left alone. This module owns the rule; its SQL is in jobs/queue/queries.sql.
 
 After BROKER_CIRCUIT_FAILURE_THRESHOLD attempts in a row find the consumer unavailable (no
 answer, a 5xx, 429 or 408: jobs/retry.py `is_unavailable`), its circuit opens for
-BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs, so none of them uses an attempt.
-When the cooldown is over the circuit is half-open: the claim takes one job, the probe. Any answer
-that is not unavailability (a 2xx, or a 4xx of the consumer's own) closes the circuit; an
-unavailable probe opens it again for twice as long (at most an hour) and gets its attempt back,
-so a consumer that is down for days does not push its jobs into the dead-letter queue one probe
-at a time (they expire after their age limit instead: jobs/queue/expiry.py).
+BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs (queries.sql, `receiving`), so
+none of them uses an attempt. When the cooldown is over the circuit is half-open: the claim takes
+one job, the probe (queries.sql, `in_flight_cap`). Any answer that is not unavailability (a 2xx,
+or a 4xx of the consumer's own: `answered`) closes the circuit; an unavailable probe opens it
+again for twice as long (at most MAX_COOLDOWN_SECONDS) and gets its attempt back, so a consumer
+that is down for days does not push its jobs into the dead-letter queue one probe at a time
+(they expire after their age limit instead: jobs/queue/expiry.py).
 
-The state lives in three consumer columns, changed with conditional UPDATEs in the transaction
-that records the attempts; the push claim reads them (jobs/queue/postgres_push.py, `_RECEIVING`
-and the cap).
+The state lives in three consumer columns (`state` reads them), changed by the statement that
+records a batch's outcomes (queries.sql, `record_outcomes` and its `consumer_outcomes`), in the
+same transaction; `consumer_parameters` gives it what this rule needs, and `opened` reads back
+what it did. An operator may close a circuit at any time (`close`).
 
 A recording never waits for a consumer's row (issue 36): a row another transaction holds (another
 dispatcher's recording, a claim booking rate limit slots, an operator's edit, a process frozen
-mid-transaction) is skipped, `free_rows`. Its failures then go uncounted and its circuit is not
-closed by this batch: the consumer's next attempts count, or close it, again. No recording, and
-so no dispatcher, is ever held up by another's, and publishers never wait for any of them (the
-locks are FOR NO KEY UPDATE, which the foreign-key checks of new jobs do not wait for).
+mid-transaction) is skipped. Its failures then go uncounted and its circuit is not closed by this
+batch: the consumer's next attempts count, or close it, again. No recording, and so no
+dispatcher, is ever held up by another's, and publishers never wait for any of them (the locks
+are FOR NO KEY UPDATE, which the foreign-key checks of new jobs do not wait for).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime
 
-from django.db.models import F, QuerySet
+from django.db import connection
 
 from broker.conf import broker_settings
-from consumers.models import CIRCUIT_FIELDS, Consumer
+from consumers.models import Consumer
+from jobs.delivery import AttemptResult
+from jobs.queue.queries import statement
+from jobs.retry import Outcome, Verdict
 
 logger = logging.getLogger(__name__)
 MAX_COOLDOWN_SECONDS = 3600
 
 
-def record_unavailable(failures: Counter[int], now: datetime) -> dict[int, datetime]:
-    """Count attempts that got no usable answer, per consumer ID; open circuits that reach the
-    threshold. Returns, for consumers whose probe failed, when their circuit half-opens again.
+def state(consumer: Consumer, now: datetime) -> str:
+    """ "closed" (delivering), "open" (holding back until circuit_open_until) or "half-open"
+    (the cooldown is over: the next claim sends one probe)."""
+    if consumer.circuit_open_until is None:
+        return "closed"
+    return "open" if now < consumer.circuit_open_until else "half-open"
 
-    The consumer rows are locked until the recording transaction ends, so that two dispatchers
-    recording failures of one consumer count them one after the other; a row another
-    transaction holds is skipped (the module's docstring).
-    """
-    consumers = (
-        Consumer.objects.select_for_update(skip_locked=True, no_key=True)
-        .only("channel_id", "public_id", *CIRCUIT_FIELDS)
-        .order_by("pk")  # one order for every recording: they cannot deadlock one another
-    ).in_bulk(list(failures))
+
+def close(consumer: Consumer) -> None:
+    """Close the circuit now (an operator's decision); delivery resumes with the next claim."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement("close_circuit"), {"consumer": consumer.pk})
+    consumer.circuit_failures = 0
+    consumer.circuit_open_until = None
+    consumer.circuit_cooldown_seconds = 0
+
+
+def answered(results: Sequence[AttemptResult], outcomes: dict[int, Outcome]) -> set[int]:
+    """The consumers that showed themselves up in a batch: they answered, and not with
+    "unavailable" (a 2xx, or a 4xx of their own). Their circuits close, and their failures in
+    the batch do not count towards them."""
+    return {
+        r.consumer_id
+        for r in results
+        if r.status_code is not None and not outcomes[r.job_id].unavailable
+    }
+
+
+def unavailable(
+    results: Sequence[AttemptResult], outcomes: dict[int, Outcome], up: set[int]
+) -> Counter[int]:
+    """Per consumer, the attempts of the batch that found it unavailable, unless it is `up`."""
+    return Counter(
+        r.consumer_id
+        for r in results
+        if outcomes[r.job_id].unavailable
+        and outcomes[r.job_id].verdict is not Verdict.DELIVERED
+        and r.consumer_id not in up
+    )
+
+
+def consumer_parameters() -> dict[str, int]:
+    """The rule's settings, as the recording statement takes them (read at each recording, so
+    that a change of them applies at once)."""
+    return {
+        "threshold": broker_settings.BROKER_CIRCUIT_FAILURE_THRESHOLD,
+        "cooldown": broker_settings.BROKER_CIRCUIT_COOLDOWN_SECONDS,
+        "max_cooldown": MAX_COOLDOWN_SECONDS,
+    }
+
+
+def opened(
+    consumers: Sequence[int] | None,
+    names: Sequence[str] | None,
+    seconds: Sequence[int] | None,
+    probes: Sequence[bool] | None,
+    until: Sequence[datetime] | None,
+) -> dict[int, datetime]:
+    """The circuits a recording opened, as its statement returns them (arrays, or nulls for
+    none): each is logged; returned are those whose probe failed, with when they half-open
+    again."""
     reopened = {}
-    for consumer in consumers.values():
-        probe = consumer.circuit_state(now) == "half-open"
-        open_until = _count_failures(consumer, failures[consumer.pk], now)
-        if probe and open_until:
-            reopened[consumer.pk] = open_until
+    for consumer_id, name, cooldown, probe, open_until in zip(
+        consumers or [], names or [], seconds or [], probes or [], until or [], strict=True
+    ):
+        logger.warning("circuit of consumer %s open for %d s", name, cooldown)
+        if probe:
+            reopened[consumer_id] = open_until
     return reopened
 
 
-def _count_failures(consumer: Consumer, failures: int, now: datetime) -> datetime | None:
-    """`failures` more attempts in a row got no usable answer: count them, open if need be.
-
-    Returns when the circuit half-opens again if this opened it (or reopened it), else None.
-    """
-    threshold = broker_settings.BROKER_CIRCUIT_FAILURE_THRESHOLD
-    base = broker_settings.BROKER_CIRCUIT_COOLDOWN_SECONDS
-    changes: dict[str, object] = {"circuit_failures": F("circuit_failures") + failures}
-    if consumer.circuit_state(now) == "half-open":  # the probe failed
-        cooldown = min(2 * max(consumer.circuit_cooldown_seconds, base), MAX_COOLDOWN_SECONDS)
-    elif consumer.circuit_open_until is None and threshold:
-        cooldown = base if consumer.circuit_failures + failures >= threshold else 0
-    else:
-        cooldown = 0  # still open: failures of deliveries sent before it opened
-    open_until = now + timedelta(seconds=cooldown) if cooldown else None
-    if open_until:
-        changes.update(circuit_open_until=open_until, circuit_cooldown_seconds=cooldown)
-        logger.warning("circuit of consumer %s open for %d s", consumer, cooldown)
-    Consumer.objects.filter(pk=consumer.pk).update(**changes)
-    return open_until
+def probe_reason(result: AttemptResult) -> str:
+    """The last error of a failed probe's job: waiting for the circuit to half-open again, its
+    attempt not counted (never that attempts were used up: the job is QUEUED)."""
+    return f"{result.error}; circuit open again, attempt not counted"
 
 
-def close_circuits(consumer_ids: Iterable[int]) -> None:
-    """Reset the circuits of consumers that answered (what jobs/queue/postgres.py does within
-    its statement that records deliveries)."""
-    tripped = Consumer.objects.filter(pk__in=list(consumer_ids)).exclude(
-        circuit_failures=0, circuit_open_until=None
-    )
-    free_rows(tripped).update(
-        circuit_failures=0, circuit_open_until=None, circuit_cooldown_seconds=0
-    )
-
-
-def free_rows(consumers: QuerySet[Consumer]) -> QuerySet[Consumer]:
-    """Those of `consumers` whose rows no other transaction holds, locked for this one (FOR NO
-    KEY UPDATE SKIP LOCKED): what a recording may change without waiting."""
-    locked = consumers.select_for_update(skip_locked=True, no_key=True).values("pk")
-    return Consumer.objects.filter(pk__in=locked)
+def probe_outcome(result: AttemptResult, half_opens_at: datetime) -> Outcome:
+    """What became of a failed probe whose circuit opened again: the job waits for it, and the
+    attempt is given back."""
+    return Outcome(Verdict.RETRY, probe_reason(result), half_opens_at, refund=True)

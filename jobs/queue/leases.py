@@ -13,71 +13,60 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from broker.models import Message
 from broker.payloads import PayloadMissing
 from consumers.models import Consumer
-from jobs.models import Job, JobQuerySet
+from jobs.models import Job
+from jobs.queue.queries import CLAIMED_JOB_FIELDS, CLAIMED_MESSAGE_FIELDS, statement
 from jobs.queue.rules import lease_expiry
-from jobs.states import DEAD, INFLIGHT, QUEUED, JobStatus
+from jobs.states import DEAD, INFLIGHT, QUEUED, JobStatus, check_transition
 
 SWEEP_BATCH = 500
-# What a claim gives a pull worker (jobs/api/serializers.py, QueuedJobSerializer), as Job and
-# Message field names in their models' order of fields, as `Model.from_db` takes them.
-CLAIMED_JOB_FIELDS = tuple(
-    field.attname
-    for field in Job._meta.concrete_fields
-    if field.attname
-    in {"id", "created_at", "consumer_id", "message_id", "status", "priority", "attempts",
-        "incremental_timeout"}
-)  # fmt: skip
-CLAIMED_MESSAGE_FIELDS = tuple(
-    field.attname
-    for field in Message._meta.concrete_fields
-    if field.attname
-    in {"id", "public_id", "payload", "payload_file", "content_type", "headers", "event_type"}
-)
 LEASE_EXPIRED = "lease expired before the outcome was reported"
 
 
 def sweep_expired_leases(now: datetime | None = None, batch: int = SWEEP_BATCH) -> int:
     """Return expired INFLIGHT jobs to QUEUED (or DEAD when out of attempts); how many moved."""
     now = now or timezone.now()
-    expired = Job.objects.filter(status=INFLIGHT, lease_expires_at__lt=now)
-    if not expired.exists():  # the usual case, every second: one look, no transaction
-        return 0
+    with connection.cursor() as cursor:
+        # The usual case, every second: one look, no transaction.
+        cursor.execute(statement("any_expired_lease"), {"now": now})
+        if not cursor.fetchone()[0]:
+            return 0
     with transaction.atomic():
-        return _sweep(expired, now, batch)
+        return _sweep(now, batch)
 
 
-def _sweep(expired_jobs: JobQuerySet, now: datetime, batch: int) -> int:
-    # Jobs another transaction holds (a frozen dispatcher's recording, say) are skipped, not
-    # waited for: the sweep runs in the dispatcher's claiming thread.
-    expired = list(
-        expired_jobs.select_for_update(skip_locked=True, of=("self",)).values_list(
-            "pk", "consumer_id", "attempts"
-        )[:batch]
-    )
+def _sweep(now: datetime, batch: int) -> int:
+    check_transition(INFLIGHT, QUEUED)
+    check_transition(INFLIGHT, DEAD)
+    with connection.cursor() as cursor:
+        cursor.execute(statement("lock_expired_leases"), {"now": now, "batch": batch})
+        expired = cursor.fetchall()
     if not expired:
         return 0
     limits = {
         consumer.pk: consumer.max_attempts
-        for consumer in Consumer.objects.filter(pk__in={row[1] for row in expired})
+        for consumer in Consumer.objects.filter(pk__in={row[2] for row in expired})
     }
-    exhausted = [pk for pk, consumer_id, attempts in expired if attempts >= limits[consumer_id]]
-    retryable = [pk for pk, consumer_id, attempts in expired if attempts < limits[consumer_id]]
-    # The lease condition again: a job re-leased since we looked is not touched.
-    still_expired = Job.objects.filter(lease_expires_at__lt=now)
-    moved = still_expired.filter(pk__in=exhausted).transition(
-        INFLIGHT, DEAD, lease_expires_at=None, last_error=f"{LEASE_EXPIRED}; no attempts left"
-    )
-    moved += still_expired.filter(pk__in=retryable).transition(
-        INFLIGHT, QUEUED, lease_expires_at=None, next_attempt_at=now, last_error=LEASE_EXPIRED
-    )
-    return moved
+    spent = [attempts >= limits[consumer_id] for _, _, consumer_id, attempts in expired]
+    parameters: dict[str, Any] = {
+        "now": now,
+        "changed_at": timezone.now(),
+        "jobs": [row[0] for row in expired],
+        "partitions": [row[1] for row in expired],
+        "targets": [(DEAD if out else QUEUED).value for out in spent],
+        "reasons": [
+            f"{LEASE_EXPIRED}; no attempts left" if out else LEASE_EXPIRED for out in spent
+        ],
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(statement("end_expired_leases"), parameters)
+        return int(cursor.rowcount)
 
 
 def take_for_pull(job: Job, incremental_timeout: int = 0) -> None:

@@ -1,10 +1,10 @@
 """The rules the queue's operations share, written once: lease length, the default in-flight cap,
 the rate limit's horizon, which consumers a message fans out to (event types, in SQL), whether an
 ordered consumer's key is busy, and which channels a producer may publish to
-(BROKER_PRODUCER_CHANNELS). Rules that one statement alone applies are written in it and named
-there: which push consumers may receive (pause, circuit breaker, 429 throttling), their in-flight
-caps and slots (jobs/queue/postgres_push.py), the head of each ordering key (postgres_push.py,
-postgres_pull.py).
+(BROKER_PRODUCER_CHANNELS). Those written in SQL are fragments of jobs/queue/queries.sql, which
+the functions here name. Rules that one statement alone applies are written in it and named
+there: the push claim's slots and the head of each ordering key (queries.sql); the circuit
+breaker's are jobs/queue/circuit.py's.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from broker.conf import broker_settings
 from broker.models import Producer
 from consumers.models import Consumer
 from jobs.models import Job, JobQuerySet
+from jobs.queue import queries
 from jobs.states import INFLIGHT, QUEUED
 
 # How many jobs a push consumer may have INFLIGHT at once when it sets no maxInFlight.
@@ -26,8 +27,8 @@ PENDING = (QUEUED, INFLIGHT)  # statuses of a job that is still on its way
 # its dispatcher until its slot, so the consumer's pace does not depend on how often dispatchers
 # claim, as long as one claims within this (their idle poll is a second too).
 SLOT_HORIZON_SECONDS = 1.0
-# The join table of Producer.allowed_channels: (producer_id, channel_id), unique together.
-_ALLOWED_CHANNELS = Producer.allowed_channels.through._meta.db_table
+# What the LISTEN connection of a dispatcher is named after (jobs/queue/dispatchers.py).
+SESSION_PREFIX = "webhook-broker dispatcher "
 
 
 def lease_length(incremental_timeout: int = 0) -> timedelta:
@@ -52,21 +53,14 @@ def push_lease_expiry(now: datetime) -> datetime:
 
 def matching_patterns_sql(event_type: str) -> str:
     """SQL: the text[] of every pattern that matches a message whose type is the SQL expression
-    `event_type`: `*`, the type itself, and each of its prefixes followed by `*` (`o*`, `or*`,
-    ..., `order.created*`); `*` alone for an untyped message (NULL). Computed once per message,
-    so that matching a consumer is one C operator over its patterns (`subscribed_sql`), not a
-    subquery per consumer."""
-    prefixes = f"""(SELECT ARRAY['*', {event_type}] || array_agg(left({event_type}, n) || '*')
-        FROM generate_series(1, length({event_type})) AS n)"""  # noqa: S608 (code, not values)
-    # An untyped message (most, on a channel without event types) needs no subquery.
-    return f"(CASE WHEN {event_type} IS NULL THEN ARRAY['*'] ELSE {prefixes} END)"
+    `event_type` (queries.sql, `matching_patterns`)."""
+    return queries.fragment("matching_patterns", event_type)
 
 
 def subscribed_sql(consumer: str, matching: str) -> str:
-    """Whether the consumer row `consumer` receives a message whose `matching_patterns_sql` is the
-    SQL expression `matching` (broker/event_types.py): it has no patterns, or one of them is
-    among those (jsonb's `?|`)."""
-    return f"({consumer}.event_types = '[]'::jsonb OR {consumer}.event_types ?| {matching})"
+    """SQL: whether the consumer row `consumer` receives a message whose `matching_patterns_sql`
+    is the SQL expression `matching` (queries.sql, `subscribed`)."""
+    return queries.fragment("subscribed", consumer, matching)
 
 
 def pending_of_key(consumer_id: int, ordering_key: str) -> JobQuerySet:
@@ -100,12 +94,9 @@ def producer_may_publish(producer_id: str, channel_id: str) -> bool:
 
 
 def producer_may_publish_sql(producer: str, channel: str) -> str:
-    """`producer_may_publish` in SQL, for the SQL expressions `producer` and `channel` (IDs):
-    true when the statement's parameter `producers_bound` is false, else one probe of the join
-    table's unique (producer, channel) index. `producer_rule_parameters()` gives the parameter."""
-    return f"""(NOT %(producers_bound)s OR EXISTS (
-        SELECT 1 FROM {_ALLOWED_CHANNELS} allowed
-        WHERE allowed.producer_id = {producer} AND allowed.channel_id = {channel}))"""  # noqa: S608 (code, not values)
+    """`producer_may_publish` in SQL, for the SQL expressions `producer` and `channel` (IDs;
+    queries.sql, `producer_may_publish`); `producer_rule_parameters()` gives its parameter."""
+    return queries.fragment("producer_may_publish", producer, channel)
 
 
 def producer_rule_parameters() -> dict[str, bool]:

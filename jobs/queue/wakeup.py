@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from django.db import connection
 
-from jobs.queue.dispatchers import NAME_SESSION_SQL
+from jobs.queue.queries import statement
 from jobs.queue.rules import WAKEUP_CHANNEL
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ async def listen_for_jobs(wake: Callable[[], None], dispatcher_id: str) -> None:
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(**_connection_kwargs()) as listener:
-                await listener.execute(NAME_SESSION_SQL, {"dispatcher": dispatcher_id})
+                await listener.execute(statement("name_session"), {"dispatcher": dispatcher_id})
                 await listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 wake()  # jobs may have arrived while we were not listening
                 async for _ in listener.notifies():

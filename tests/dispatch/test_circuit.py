@@ -12,6 +12,7 @@ from django.utils import timezone
 from broker import publish
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
+from jobs.queue import circuit
 from jobs.states import DEAD, DELIVERED, QUEUED
 from tests.delivery import push_consumer, run_once
 from tests.helpers import make_consumer
@@ -58,7 +59,7 @@ def test_failures_in_a_row_open_the_circuit_and_no_attempt_is_used(down, dispatc
     open_the_circuit(dispatcher)
 
     down.refresh_from_db()
-    assert down.circuit_state(START) == "open"
+    assert circuit.state(down, START) == "open"
     assert down.circuit_open_until == START + timedelta(seconds=30)
     assert down.circuit_failures == 2
     used = attempts_used()
@@ -74,7 +75,7 @@ def test_after_the_cooldown_one_probe_goes_out_and_success_closes(down, dispatch
     with at(31):
         assert len(run_once(dispatcher)) == 1  # half-open: a single probe
         down.refresh_from_db()
-        assert down.circuit_state(timezone.now()) == "closed"
+        assert circuit.state(down, timezone.now()) == "closed"
         assert down.circuit_failures == 0
         assert len(run_once(dispatcher)) == 3  # closed: the rest
     assert Job.objects.filter(status=DELIVERED).count() == 4
@@ -113,11 +114,11 @@ def test_an_operator_closes_the_circuit_by_hand(down, dispatcher, receiver):
     open_the_circuit(dispatcher)
     receiver.replies["/hook"] = Reply(200)
 
-    down.close_circuit()
+    circuit.close(down)
 
     with at(5):
         assert len(run_once(dispatcher)) == 4  # at once, without waiting for the cooldown
-    assert Consumer.objects.get().circuit_state(START) == "closed"
+    assert circuit.state(Consumer.objects.get(), START) == "closed"
 
 
 def test_a_consumer_down_for_longer_than_the_retry_schedule_loses_no_job(
@@ -226,7 +227,7 @@ def test_an_answer_of_its_own_closes_an_open_circuit(down, dispatcher, receiver)
         assert len(run_once(dispatcher)) == 1  # the probe
 
     down.refresh_from_db()
-    assert down.circuit_state(START) == "closed"
+    assert circuit.state(down, START) == "closed"
     assert down.circuit_failures == 0
 
 

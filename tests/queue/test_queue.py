@@ -235,8 +235,7 @@ def result_of(job: queue.ClaimedJob, status_code: int | None) -> AttemptResult:
 
 def record(results: list[AttemptResult], outcomes: list[Outcome]) -> dict[int, Outcome]:
     by_job = {result.job_id: outcome for result, outcome in zip(results, outcomes, strict=True)}
-    answered = {r.consumer_id for r in results if r.status_code is not None}
-    return queue.record_outcomes(results, by_job, answered, "test-dispatcher", NOW)
+    return queue.record_outcomes(results, by_job, "test-dispatcher", NOW)
 
 
 def test_outcomes_move_jobs_and_record_attempts(channel):

@@ -126,7 +126,7 @@ def test_a_429_with_retry_after_holds_back_every_job_of_its_consumer(channel):
         retry_after=30,
     )
     outcome = decide(result, throttled, NOW)
-    queue.record_outcomes([result], {first.job_id: outcome}, set(), "test", NOW)
+    queue.record_outcomes([result], {first.job_id: outcome}, "test", NOW)
 
     throttled.refresh_from_db()
     assert throttled.throttled_until == NOW + seconds(30)
@@ -150,7 +150,7 @@ def test_a_later_throttle_is_not_shortened_by_a_shorter_retry_after(channel):
         job.pk, job.partition_at, 1, consumer.pk, NOW, 5.0, status_code=429, retry_after=5
     )
 
-    queue.record_outcomes([result], {job.pk: decide(result, consumer, NOW)}, set(), "t", NOW)
+    queue.record_outcomes([result], {job.pk: decide(result, consumer, NOW)}, "t", NOW)
 
     consumer.refresh_from_db()
     assert consumer.throttled_until == NOW + seconds(60)

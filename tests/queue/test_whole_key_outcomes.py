@@ -1,5 +1,5 @@
 """Push outcomes recorded by each job's whole primary key, (id, partition_at), as the claim returned
-it (jobs/queue/postgres_push.py, RECORD_DELIVERIES_SQL; jobs/queue/outcomes.py): in the job's own
+it (jobs/queue/queries.sql, `record_outcomes`; jobs/queue/outcomes.py): in the job's own
 time partition only, whatever its creation time; a job no longer under that key gets nothing."""
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ def result_of(job: queue.ClaimedJob, status_code: int) -> AttemptResult:
 
 def record(results: list[AttemptResult], outcomes: list[Outcome]) -> dict[int, Outcome]:
     by_job = {result.job_id: outcome for result, outcome in zip(results, outcomes, strict=True)}
-    answered = {result.consumer_id for result in results}
-    return queue.record_outcomes(results, by_job, answered, "test-dispatcher", NOW)
+    return queue.record_outcomes(results, by_job, "test-dispatcher", NOW)
 
 
 def scans_by_partition() -> dict[str, int]:

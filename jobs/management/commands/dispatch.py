@@ -9,7 +9,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from prometheus_client import start_http_server
 
 from broker.conf import broker_settings
-from jobs.dispatch import BrokenDatabase, Dispatcher, DispatcherConfig
+from jobs.dispatch import Dispatcher, DispatcherConfig
+from jobs.dispatch_threads import BrokenDatabase
 from jobs.health import DEFAULT_STALE_AFTER_SECONDS, HealthServer, start_health_server
 from jobs.queue import listen_for_jobs
 
