@@ -27,7 +27,6 @@ are FOR NO KEY UPDATE, which the foreign-key checks of new jobs do not wait for)
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -71,16 +70,13 @@ def answered(results: Sequence[AttemptResult], outcomes: dict[int, Outcome]) -> 
     }
 
 
-def unavailable(
-    results: Sequence[AttemptResult], outcomes: dict[int, Outcome], up: set[int]
-) -> Counter[int]:
-    """Per consumer, the attempts of the batch that found it unavailable, unless it is `up`."""
-    return Counter(
-        r.consumer_id
-        for r in results
-        if outcomes[r.job_id].unavailable
-        and outcomes[r.job_id].verdict is not Verdict.DELIVERED
-        and r.consumer_id not in up
+def counts_as_unavailable(result: AttemptResult, outcome: Outcome, up: set[int]) -> bool:
+    """Whether an attempt of a batch counts towards its consumer's circuit: it found the
+    consumer unavailable, and the consumer is not `up` (it answered elsewhere in the batch)."""
+    return (
+        outcome.unavailable
+        and outcome.verdict is not Verdict.DELIVERED
+        and result.consumer_id not in up
     )
 
 

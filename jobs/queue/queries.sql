@@ -421,7 +421,9 @@ RETURNING j.id, j.partition_at, j.attempts, j.priority, j.next_attempt_at, c.id,
 -- primary key the claim returned, (id, partition_at), as in the claim: by id alone each job
 -- probed every time partition's index. A job that retention carried forward meanwhile (possible
 -- only once its lease expired and the sweep gave it back) counts as gone: it gets no attempt row.
--- - present looks each job up in a LATERAL subquery that holds the lock (so it cannot be
+-- - present locks the jobs, in the order of the arrays: their keys' order (outcomes.py sorts
+--   them), so that statements locking the same jobs wait for each other rather than deadlock.
+--   It looks each job up in a LATERAL subquery that holds the lock (so it cannot be
 --   flattened into a join the planner may turn into a hash join over every partition, as it did
 --   with 40 jobs and 3,000-row partitions): EXPLAIN ANALYZE on 13 partitions (DEFAULT
 --   included), with statistics fresh or taken while no job was in flight, and in a generic plan
@@ -433,15 +435,22 @@ RETURNING j.id, j.partition_at, j.attempts, j.priority, j.next_attempt_at, c.id,
 --   each partition's index of in-flight jobs once. A failed probe of a circuit that opens again
 --   (`reopened`) uses no attempt: its job is QUEUED until the circuit half-opens again, its
 --   error saying so (`probe_reason`), never that attempts were used up;
+-- - the consumers' rows (`consumer_outcomes`) are changed from the outcomes of the jobs present
+--   only, and are locked only once every job is: as a consumer's deletion locks them (its
+--   attempts and jobs deleted first, then its row), so the two never deadlock;
 -- - the answer: the jobs present, and the circuits that opened (jobs/queue/circuit.py logs them).
 WITH present AS MATERIALIZED (
     SELECT j.id, j.partition_at, claimed.attempts, claimed.consumer_id, claimed.target,
-        claimed.reason, claimed.due_at, claimed.refund, claimed.probe_reason
+        claimed.reason, claimed.due_at, claimed.refund, claimed.probe_reason, claimed.place,
+        claimed.unavailable, claimed.failed_at, claimed.failure, claimed.throttled_until,
+        claimed.pause
     FROM unnest(%(jobs)s::bigint[], %(partitions)s::timestamptz[], %(attempts)s::int[],
         %(job_consumers)s::bigint[], %(targets)s::text[], %(reasons)s::text[],
-        %(due)s::timestamptz[], %(refunds)s::bool[], %(probe_reasons)s::text[])
+        %(due)s::timestamptz[], %(refunds)s::bool[], %(probe_reasons)s::text[],
+        %(places)s::int[], %(unavailable)s::bool[], %(failed_at)s::timestamptz[],
+        %(failures)s::text[], %(throttled_until)s::timestamptz[], %(pause)s::bool[])
         AS claimed(id, partition_at, attempts, consumer_id, target, reason, due_at, refund,
-            probe_reason)
+            probe_reason, place, unavailable, failed_at, failure, throttled_until, pause)
         CROSS JOIN LATERAL (
             SELECT j.id, j.partition_at FROM jobs_job j
             WHERE j.id = claimed.id AND j.partition_at = claimed.partition_at
@@ -514,21 +523,39 @@ CASE WHEN c.circuit_open_until IS NULL
 
 -- fragment: consumer_outcomes
 -- A batch's changes to its consumers' rows, one row each (a statement may not change a row
--- twice): the parameters say, per consumer, how many attempts found it unavailable (and not
--- answered elsewhere in the batch), whether it answered (a 2xx, or a 4xx of its own: its circuit
--- closes), its newest failure, a 429's hold and a 410's pause (circuit.consumer_parameters).
--- - locked: the rows that change, locked FOR NO KEY UPDATE SKIP LOCKED, in id order: a row
---   another transaction holds (another recording, a claim booking slots, an operator's edit, a
---   process frozen mid-transaction) is skipped, never waited for (issue 36): its failures go
---   uncounted and its circuit is not closed by this batch; publishers' foreign-key checks never
---   wait for these locks. The usual case, a healthy consumer that answered, locks and writes
---   nothing;
+-- twice), from the statement's `present` jobs.
+-- - change: per consumer of the batch, whether it answered (%(answered)s: a 2xx, or a 4xx of its
+--   own, anywhere in the batch: its circuit closes), and from its jobs still present (a job
+--   deleted meanwhile counts for nothing) how many attempts found it unavailable (and not
+--   answered elsewhere in the batch), its newest failure (the first in the batch of those
+--   started last), the hold of its last 429 in the batch, and whether it answered 410. Each
+--   consumer's row needs the whole of `present` aggregated: no consumer is locked before every
+--   job is (record_outcomes);
+-- - locked: the rows that change, locked FOR NO KEY UPDATE SKIP LOCKED: a row another
+--   transaction holds (another recording, a claim booking slots, an operator's edit, a process
+--   frozen mid-transaction) is skipped, never waited for (issue 36), so the order they are
+--   locked in does not matter: its failures go uncounted and its circuit is not closed by this
+--   batch; publishers' foreign-key checks never wait for these locks. The usual case, a healthy
+--   consumer that answered, locks and writes nothing;
 -- - opens_for: the cooldown of a circuit that opens now. A consumer whose circuit is half-open
 --   (its cooldown over) was sent one probe: if unavailable it opens again for twice as long, at
 --   most %(max_cooldown)s; a closed circuit opens for %(cooldown)s when its failures in a row
 --   reach %(threshold)s (0: never); an open one only counts (deliveries sent before it opened);
 -- - changed: the new circuit, the newest failure unless a newer one is there (another
 --   dispatcher's), the latest hold, the pause.
+change AS (
+    SELECT consumer.id, consumer.answered,
+        count(present.id) FILTER (WHERE present.unavailable)::int AS unavailable,
+        max(present.failed_at) AS failed_at,
+        (array_agg(present.failure ORDER BY present.failed_at DESC, present.place)
+            FILTER (WHERE present.failed_at IS NOT NULL))[1] AS failure,
+        (array_agg(present.throttled_until ORDER BY present.place DESC)
+            FILTER (WHERE present.throttled_until IS NOT NULL))[1] AS throttled_until,
+        coalesce(bool_or(present.pause), false) AS pause
+    FROM unnest(%(consumers)s::bigint[], %(answered)s::bool[]) AS consumer(id, answered)
+        LEFT JOIN present ON present.consumer_id = consumer.id
+    GROUP BY consumer.id, consumer.answered
+),
 locked AS MATERIALIZED (
     SELECT c.id, c.channel_id, c.public_id, change.answered, change.unavailable,
         change.failed_at, change.failure, change.throttled_until, change.pause,
@@ -541,11 +568,7 @@ locked AS MATERIALIZED (
             WHEN c.circuit_open_until IS NULL AND %(threshold)s > 0
                 AND c.circuit_failures + change.unavailable >= %(threshold)s THEN %(cooldown)s
             ELSE 0 END AS opens_for
-    FROM unnest(%(consumers)s::bigint[], %(answered)s::bool[], %(unavailable)s::int[],
-        %(failed_at)s::timestamptz[], %(failures)s::text[], %(throttled_until)s::timestamptz[],
-        %(pause)s::bool[])
-        AS change(id, answered, unavailable, failed_at, failure, throttled_until, pause)
-        CROSS JOIN LATERAL (
+    FROM change CROSS JOIN LATERAL (
             SELECT c.id, c.channel_id, c.public_id, c.circuit_failures, c.circuit_open_until,
                 c.circuit_cooldown_seconds, c.last_failure_at
             FROM consumers_consumer c
