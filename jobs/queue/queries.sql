@@ -812,8 +812,8 @@ SELECT (SELECT count(*) FROM picked), (SELECT count(*) FROM taken),
 ------------------------------------------------------------------------------------------------
 
 -- name: any_expired_lease
--- Whether any INFLIGHT job's lease has run out: the usual answer, no, costs one look (it runs
--- before every pull claim too), and no transaction.
+-- Whether any INFLIGHT job's lease has run out: the usual answer, no, costs one look, and no
+-- transaction.
 SELECT EXISTS (
     SELECT FROM jobs_job WHERE status = 'INFLIGHT' AND lease_expires_at < %(now)s
 )
@@ -845,15 +845,17 @@ WHERE j.id = move.id AND j.partition_at = move.partition_at AND j.status = 'INFL
 -- Claimed jobs never sent go back to the queue in their place (the due time they were claimed
 -- at) without using an attempt, by their whole primary keys as the claim returned them; only
 -- those still INFLIGHT. The jobs are looked up one primary-key probe each, in a LATERAL subquery
--- that locks them (so that it is not flattened into a join over every partition: see
--- record_outcomes).
+-- that locks them in the order of the keys given (so that it is not flattened into a join over
+-- every partition: see record_outcomes). FOR NO KEY UPDATE, the lock the UPDATE itself takes
+-- (no key changes): a key-share lock on the job (a recording's `present`) neither waits for it
+-- nor holds it up.
 WITH unsent AS MATERIALIZED (
     SELECT j.id, j.partition_at
     FROM unnest(%(jobs)s::bigint[], %(partitions)s::timestamptz[]) AS given(id, partition_at)
         CROSS JOIN LATERAL (
             SELECT j.id, j.partition_at FROM jobs_job j
             WHERE j.id = given.id AND j.partition_at = given.partition_at
-            FOR UPDATE
+            FOR NO KEY UPDATE
         ) j
 )
 UPDATE jobs_job j
