@@ -59,6 +59,8 @@ def constants() -> Mapping[str, str]:
         "slot_horizon_seconds": str(rules.SLOT_HORIZON_SECONDS),
         "wakeup_channel": rules.WAKEUP_CHANNEL,
         "session_prefix": rules.SESSION_PREFIX,
+        # The states of a job still on its way, as an SQL list of literals: `status IN {pending}`.
+        "pending": "(" + ", ".join(f"'{status.value}'" for status in rules.PENDING) + ")",
         "clock_allowance_seconds": f"{CLOCK_ALLOWANCE.total_seconds():.0f}",
         "claimed_job_columns": ", ".join(f"j.{name}" for name in CLAIMED_JOB_FIELDS),
         "claimed_message_columns": ", ".join(f"m.{name}" for name in CLAIMED_MESSAGE_FIELDS),

@@ -45,10 +45,6 @@ pg_notify('{wakeup_channel}', '')
         SELECT 1 FROM broker_producer_allowed_channels allowed
         WHERE allowed.producer_id = {producer} AND allowed.channel_id = {channel}))
 
--- fragment: pending
--- The states of a job still on its way (rules.PENDING).
-('QUEUED', 'INFLIGHT')
-
 -- fragment: horizon
 -- How far ahead a claim books a rate-limited consumer's slots (rules.SLOT_HORIZON_SECONDS).
 interval '{slot_horizon_seconds} seconds'
