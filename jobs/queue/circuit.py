@@ -40,14 +40,17 @@ from jobs.retry import Outcome, Verdict
 
 logger = logging.getLogger(__name__)
 MAX_COOLDOWN_SECONDS = 3600
+# The states of a circuit, as the API, the UI and the metrics name them: closed (delivering),
+# open (holding back until circuit_open_until), half-open (the cooldown is over: the next claim
+# sends one probe).
+CLOSED, OPEN, HALF_OPEN = STATES = ("closed", "open", "half-open")
 
 
 def state(consumer: Consumer, now: datetime) -> str:
-    """ "closed" (delivering), "open" (holding back until circuit_open_until) or "half-open"
-    (the cooldown is over: the next claim sends one probe)."""
+    """The consumer's circuit state now: one of STATES."""
     if consumer.circuit_open_until is None:
-        return "closed"
-    return "open" if now < consumer.circuit_open_until else "half-open"
+        return CLOSED
+    return OPEN if now < consumer.circuit_open_until else HALF_OPEN
 
 
 def close(consumer: Consumer) -> None:
