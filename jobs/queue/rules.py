@@ -1,8 +1,9 @@
 """The rules the queue's operations share, written once: lease length, the default in-flight cap,
-the rate limit's horizon, which consumers a message fans out to (event types, in SQL), whether an
-ordered consumer's key is busy, and which channels a producer may publish to
-(BROKER_PRODUCER_CHANNELS). Those written in SQL are fragments of jobs/queue/queries.sql, which
-the functions here name. Rules that one statement alone applies are written in it and named
+the rate limit's horizon, which consumers a message fans out to (event types: the fragments
+`matching_patterns` and `subscribed` of jobs/queue/queries.sql, which only its statements use),
+whether an ordered consumer's key is busy, and which channels a producer may publish to
+(BROKER_PRODUCER_CHANNELS, in SQL too: `producer_may_publish_sql` names its fragment for the
+broadcast endpoint). Rules that one statement alone applies are written in it and named
 there: the push claim's slots and the head of each ordering key (queries.sql); the circuit
 breaker's are jobs/queue/circuit.py's.
 """
@@ -49,18 +50,6 @@ def lease_expiry(now: datetime, incremental_timeout: int = 0) -> datetime:
 def push_lease_expiry(now: datetime) -> datetime:
     """A push claim's lease: a job may wait up to SLOT_HORIZON_SECONDS for its slot first."""
     return lease_expiry(now) + timedelta(seconds=SLOT_HORIZON_SECONDS)
-
-
-def matching_patterns_sql(event_type: str) -> str:
-    """SQL: the text[] of every pattern that matches a message whose type is the SQL expression
-    `event_type` (queries.sql, `matching_patterns`)."""
-    return queries.fragment("matching_patterns", event_type)
-
-
-def subscribed_sql(consumer: str, matching: str) -> str:
-    """SQL: whether the consumer row `consumer` receives a message whose `matching_patterns_sql`
-    is the SQL expression `matching` (queries.sql, `subscribed`)."""
-    return queries.fragment("subscribed", consumer, matching)
 
 
 def pending_of_key(consumer_id: int, ordering_key: str) -> JobQuerySet:
