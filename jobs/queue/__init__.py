@@ -16,7 +16,7 @@ The store is PostgreSQL: each operation runs statements of jobs/queue/queries.sq
 the push claim), outcomes.py (push outcomes), postgres_pull.py (pull consumers), dispatchers.py,
 dead_jobs.py. Requeues of single dead
 jobs, and a pull consumer's report on one job that is not the common INFLIGHT -> DELIVERED or
-DEAD, are single state changes: the state machine's own (jobs/models.py, jobs/states.py).
+DEAD, are single state changes: the state machine's own (jobs/models/job.py, jobs/states.py).
 Requeue and purge of many dead jobs go in batches: jobs/queue/dead_jobs.py (driven by
 jobs/dlq_actions.py).
 """
