@@ -11,7 +11,7 @@ them, and of the rules those follow (jobs/queue/rules.py).
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
 - wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
 
-The store is PostgreSQL: each operation runs statements of jobs/queue/queries.sql, by name
+The store is PostgreSQL: each operation runs statements of jobs/queue/sql/, by name
 (jobs/queue/queries.py), from the module that owns it: postgres.py (publishing, release, replay,
 the push claim), outcomes.py (push outcomes), postgres_pull.py (pull consumers), dispatchers.py,
 dead_jobs.py. Requeues of single dead

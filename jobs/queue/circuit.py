@@ -1,20 +1,20 @@
 """The circuit breaker of push consumers (docs/delivery.md, "Circuit breaker"): a consumer that is
-down is left alone. This module owns the rule; its SQL is in jobs/queue/queries.sql.
+down is left alone. This module owns the rule; its SQL is in jobs/queue/sql/circuit.sql.
 
 After BROKER_CIRCUIT_FAILURE_THRESHOLD attempts in a row find the consumer unavailable (no
 answer, a 5xx, 429 or 408: jobs/retry.py `is_unavailable`), its circuit opens for
-BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs (queries.sql, `receiving`), so
+BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs (sql/circuit.sql, `receiving`), so
 none of them uses an attempt. When the cooldown is over the circuit is half-open: the claim takes
-one job, the probe (queries.sql, `in_flight_cap`). Any answer that is not unavailability (a 2xx,
+one job, the probe (sql/circuit.sql, `in_flight_cap`). Any answer that is not unavailability (a 2xx,
 or a 4xx of the consumer's own: `answered`) closes the circuit; an unavailable probe opens it
 again for twice as long (at most MAX_COOLDOWN_SECONDS) and gets its attempt back, so a consumer
 that is down for days does not push its jobs into the dead-letter queue one probe at a time
 (they expire after their age limit instead: jobs/queue/expiry.py).
 
 The state lives in three consumer columns (`state` reads them), changed by the statement that
-records a batch's outcomes (queries.sql, `record_outcomes` and its `consumer_outcomes`), in the
-same transaction; `consumer_parameters` gives it what this rule needs, and `opened` reads back
-what it did. An operator may close a circuit at any time (`close`).
+records a batch's outcomes (sql/outcomes.sql, `record_outcomes`, and its part
+`consumer_outcomes`), in the same transaction; `consumer_parameters` gives it what this rule
+needs, and `opened` reads back what it did. An operator may close a circuit at any time (`close`).
 
 A recording never waits for a consumer's row (issue 36): a row another transaction holds (another
 dispatcher's recording, a claim booking rate limit slots, an operator's edit, a process frozen

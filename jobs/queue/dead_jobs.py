@@ -77,8 +77,9 @@ def count_range(dead: DeadRange) -> int:
 
 
 def _run(kind: str, picked_by: str, parameters: dict[str, Any]) -> Batch:
-    """One batch: queries.sql's `requeue_dead_range`, `purge_dead_keys`, ... (`picked_by`: range
-    or keys). A requeue sets the state machine's columns, each from a parameter."""
+    """One batch: sql/dead_jobs.sql's `requeue_dead_range`, `purge_dead_keys`, ...
+    (`picked_by`: range or keys). A requeue sets the state machine's columns, each from a
+    parameter."""
     if kind == REQUEUE:
         changes = _requeue_columns()
         assignments = ", ".join(f"{column} = %(set_{column})s" for column in changes)

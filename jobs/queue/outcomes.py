@@ -1,7 +1,7 @@
 """Recording what became of a batch of push attempts, and giving back jobs never sent.
 
 Every outcome of a batch, 2xx answers and failures alike, is recorded by one statement, one
-round trip (queries.sql, `record_outcomes`): an attempt row each, each job moved on by its
+round trip (sql/outcomes.sql, `record_outcomes`): an attempt row each, each job moved on by its
 outcome, and the consumers' rows brought up to date (the circuit breaker: jobs/queue/circuit.py;
 each consumer's newest failure; a 429's hold; a 410's pause). This module gives it its
 parameters, from the results and the outcomes the retry policy decided (jobs/retry.py), and
@@ -111,7 +111,7 @@ def _told_of_consumers(
 ) -> dict[str, Any]:
     """Per attempt, in the order given, what it tells of its consumer: whether it counts as
     unavailable towards the circuit, and for a failure its time and summary, a 429's hold and a
-    410's pause. The statement counts only those whose job is still there (queries.sql,
+    410's pause. The statement counts only those whose job is still there (sql/circuit.sql,
     `consumer_outcomes`)."""
     by_job = [outcomes[r.job_id] for r in results]
     failed = [o.verdict is not Verdict.DELIVERED for o in by_job]

@@ -1,11 +1,11 @@
 """The rules the queue's operations share, written once: lease length, the default in-flight cap,
 the rate limit's horizon, which consumers a message fans out to (event types: the fragments
-`matching_patterns` and `subscribed` of jobs/queue/queries.sql, which only its statements use),
+`matching_patterns` and `subscribed` of jobs/queue/sql/shared.sql, which only statements use),
 whether an ordered consumer's key is busy, and which channels a producer may publish to
 (BROKER_PRODUCER_CHANNELS, in SQL too: `producer_may_publish_sql` names its fragment for the
 broadcast endpoint). Rules that one statement alone applies are written in it and named
-there: the push claim's slots and the head of each ordering key (queries.sql); the circuit
-breaker's are jobs/queue/circuit.py's.
+there: the push claim's slots and the head of each ordering key (sql/push_claim.sql); the
+circuit breaker's are jobs/queue/circuit.py's.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def producer_may_publish(producer_id: str, channel_id: str) -> bool:
 
 def producer_may_publish_sql(producer: str, channel: str) -> str:
     """`producer_may_publish` in SQL, for the SQL expressions `producer` and `channel` (IDs;
-    queries.sql, `producer_may_publish`); `producer_rule_parameters()` gives its parameter."""
+    sql/shared.sql, `producer_may_publish`); `producer_rule_parameters()` gives its parameter."""
     return queries.fragment("producer_may_publish", producer, channel)
 
 

@@ -1,6 +1,6 @@
-"""The locks a recording of push outcomes takes (jobs/queue/queries.sql, `record_outcomes`): its
-jobs first, in their keys' order, and only then its consumers' rows, as a consumer's deletion
-takes them (its jobs, then its row), so that the two never deadlock."""
+"""The locks a recording of push outcomes takes (jobs/queue/sql/outcomes.sql, `record_outcomes`):
+its jobs first, in their keys' order, and only then its consumers' rows, as a consumer's
+deletion takes them (its jobs, then its row), so that the two never deadlock."""
 
 from __future__ import annotations
 

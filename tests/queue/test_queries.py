@@ -1,9 +1,12 @@
-"""The queue's SQL in one file (jobs/queue/queries.sql, read by jobs/queue/queries.py): every
-statement is named, commented and complete, and nothing outside jobs/queue writes queue SQL."""
+"""The queue's SQL in named blocks (the files of jobs/queue/sql/, read by jobs/queue/queries.py):
+every statement is named, commented and complete, each file is under the project's 400 lines and
+ships in the package, and nothing outside jobs/queue writes queue SQL."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,10 +29,27 @@ def test_every_statement_is_complete():
         assert text.strip(), name
 
 
+def sql_sources() -> dict[str, str]:
+    return {path.name: path.read_text(encoding="utf-8") for path in queries.sql_files()}
+
+
 def test_every_block_says_what_it_is_for():
-    source = queries.QUERIES_FILE.read_text(encoding="utf-8")
-    for head in re.finditer(r"^-- (name|fragment): .*\n(.*)$", source, re.MULTILINE):
-        assert head.group(2).startswith("-- "), head.group(0)
+    for source in sql_sources().values():
+        for head in re.finditer(r"^-- (name|fragment): .*\n(.*)$", source, re.MULTILINE):
+            assert head.group(2).startswith("-- "), head.group(0)
+
+
+def test_every_file_is_a_part_under_400_lines_that_the_package_ships():
+    files = sql_sources()
+    assert len(files) > 1
+    for name, source in files.items():
+        assert source.startswith("--"), name  # a preamble saying what part it holds
+        assert len(source.splitlines()) < 400, name
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = shipped["tool"]["setuptools"]["package-data"]["jobs"]
+    for path in queries.sql_files():
+        inside = path.relative_to(ROOT / "jobs").as_posix()
+        assert any(fnmatch.fnmatch(inside, pattern) for pattern in patterns), inside
 
 
 def test_a_fragment_takes_its_arguments():
@@ -40,13 +60,13 @@ def test_a_fragment_takes_its_arguments():
 
 def sql_blocks() -> dict[str, str]:
     """Each statement's and fragment's SQL as written (constants not filled in), comments out."""
-    source = queries.QUERIES_FILE.read_text(encoding="utf-8")
-    heads = list(re.finditer(r"^-- (?:name|fragment): (\w+).*$", source, re.MULTILINE))
-    ends = [head.start() for head in heads[1:]] + [len(source)]
-    return {
-        head.group(1): re.sub(r"--.*$", "", source[head.end() : end], flags=re.MULTILINE)
-        for head, end in zip(heads, ends, strict=True)
-    }
+    blocks = {}
+    for source in sql_sources().values():
+        heads = list(re.finditer(r"^-- (?:name|fragment): (\w+).*$", source, re.MULTILINE))
+        ends = [head.start() for head in heads[1:]] + [len(source)]
+        for head, end in zip(heads, ends, strict=True):
+            blocks[head.group(1)] = re.sub(r"--.*$", "", source[head.end() : end], flags=re.M)
+    return blocks
 
 
 # Quoted words of the SQL that are not a model's values: arguments of PostgreSQL's functions.
