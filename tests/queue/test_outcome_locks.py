@@ -16,6 +16,7 @@ from jobs import queue
 from jobs.delivery import AttemptResult
 from jobs.models import DeliveryAttempt, Job
 from jobs.queue import outcomes as outcomes_module
+from jobs.queue import queries
 from jobs.retry import decide
 from tests.helpers import make_consumer
 from tests.queue.test_queue import publish
@@ -35,11 +36,13 @@ def failed_results(consumer: Consumer) -> list[AttemptResult]:
 
 
 def recording_waits_for_a_lock() -> bool:
+    """Whether a recording statement waits for a lock (pg_stat_activity keeps the start of its
+    text)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
             " AND query LIKE %s)",
-            ["%jobs_deliveryattempt%"],
+            [queries.statement("record_outcomes")[:40] + "%"],
         )
         return bool(cursor.fetchone()[0])
 
