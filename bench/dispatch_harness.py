@@ -39,7 +39,7 @@ DATABASE = "bench_dispatch"
 CHANNEL, PRODUCER = "bench", "bench-producer"
 PAYLOAD = json.dumps({"order": 12345, "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 160})
 CORES = os.cpu_count() or 1
-# The application_name of a dispatcher's LISTEN connection begins so (jobs/queue/dispatchers.py,
+# The application_name of a dispatcher's LISTEN connection begins so (jobs/queue/rules.py,
 # SESSION_PREFIX; not imported: the harness reads it before Django is set up).
 LISTENER_PREFIX = "webhook-broker dispatcher "
 

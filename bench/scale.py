@@ -1162,7 +1162,7 @@ ACTIONS = {
 }
 BATCH_BOUND_MS = 1000  # no batch transaction blocks anyone for a second (issue 21)
 SAVED_JOBS, SAVED_ATTEMPTS = "bench_dlq_saved_jobs", "bench_dlq_saved_attempts"
-# What a requeue changes in a job (jobs.models._requeue_changes and the status), put back.
+# What a requeue changes in a job (jobs.models.requeue_changes and the status), put back.
 REQUEUED_COLUMNS = (
     "status", "status_changed_at", "attempts", "next_attempt_at", "lease_expires_at",
     "enqueued_at", "last_error",

@@ -5,8 +5,8 @@ matches one of them: the same type, a prefix ending in `*` (`order.*` matches `o
 `order.item.added`), or `*` (every message, typed or not). A message without a type matches only
 consumers without patterns and `*`.
 
-The rule is applied in SQL on PostgreSQL (jobs/queue/rules.py, `subscribed_sql`) and by
-`matches` elsewhere; tests hold the two to the same answers.
+The rule is applied in SQL on PostgreSQL (jobs/queue/sql/shared.sql, the fragments `subscribed` and
+`matching_patterns`) and by `matches` elsewhere; tests hold the two to the same answers.
 """
 
 from __future__ import annotations

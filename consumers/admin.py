@@ -104,7 +104,7 @@ class ConsumerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         change: bool,
     ) -> None:
         if "max_per_second" in form.changed_data:
-            obj.next_slot_at = None  # slots booked at the old rate do not hold the new one back
+            services.forget_booked_slots(obj)
         super().save_model(request, obj, form, change)
 
     @admin.display(description="callback URL")

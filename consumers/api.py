@@ -30,8 +30,6 @@ from consumers import services
 from consumers.models import Consumer
 from jobs.queue import circuit
 
-CIRCUIT_STATES = ["closed", "open", "half-open"]  # jobs/queue/circuit.py, `state`
-
 
 def consumer_url(consumer: Consumer) -> str:
     return f"/channel/{consumer.channel_id}/consumer/{consumer.public_id}"
@@ -72,7 +70,7 @@ class ConsumerSerializer(StakeholderSerializer):
     def get_DeadLetterQueueURL(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
         return f"{consumer_url(consumer)}/dlq"
 
-    @extend_schema_field(serializers.ChoiceField(choices=CIRCUIT_STATES))
+    @extend_schema_field(serializers.ChoiceField(choices=circuit.STATES))
     def get_CircuitState(self, consumer: Consumer) -> str:  # noqa: N802 (wire name)
         return circuit.state(consumer, timezone.now())
 

@@ -292,12 +292,18 @@ def apply_settings(consumer: Consumer, form: dict[str, Any]) -> None:
     if form.get("type") or consumer._state.adding:
         consumer.type = form.get("type") or Consumer.Type.PUSH
     if "maxPerSecond" in form and form["maxPerSecond"] != consumer.max_per_second:
-        consumer.next_slot_at = None  # slots booked at the old rate do not hold the new one back
+        forget_booked_slots(consumer)
     for field, attribute in FORM_TO_MODEL.items():
         if field in form:
             setattr(consumer, attribute, form[field])
     if "signingSecret" in form:
         consumer.replace_signing_secret(form["signingSecret"])
+
+
+def forget_booked_slots(consumer: Consumer) -> None:
+    """For a consumer whose delivery rate (max_per_second) changes, before it is saved: the
+    slots booked at the old rate do not hold the new one back (the next claim books from now)."""
+    consumer.next_slot_at = None
 
 
 def set_paused(consumer: Consumer, paused: bool) -> None:
@@ -310,8 +316,10 @@ def set_paused(consumer: Consumer, paused: bool) -> None:
     if consumer.paused == paused:
         return
     consumer.paused = paused
-    # Only these columns: the rest of the instance may be older than the row (the dispatcher
-    # writes the circuit columns at any moment, without a lock when it closes a circuit).
+    # Only these columns: the others have writers of their own (a dispatcher's recording changes
+    # the circuit, last failure and hold of any consumer row it can lock, FOR NO KEY UPDATE SKIP
+    # LOCKED; a claim books rate limit slots), and a save of every column would write back
+    # whatever this instance read before them.
     consumer.save(update_fields=["paused", "changed_at"])
     if not paused:
         restart_age(consumer)  # the time it was held back is not held against its jobs

@@ -28,7 +28,7 @@ def purge_delivered(days: int | None = None) -> int:
 
     Dead, queued and in-flight jobs keep their message: they are the work left, and the DLQ.
     Messages that had no consumer (ACKNOWLEDGED) go by age alone; scheduled ones never do.
-    On PostgreSQL the jobs and attempts go by time partition (jobs/partitions.py), so a delivered
+    On PostgreSQL the jobs and attempts go by time partition (jobs/partitions/), so a delivered
     job can outlive the retention by up to BROKER_PARTITION_DAYS; its message goes after it. Where
     `spark_etl archive` runs, this deletes nothing: the archive deletes what it has copied.
     """

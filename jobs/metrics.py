@@ -154,7 +154,11 @@ def _consumer_states(consumers: list[Consumer]) -> Iterator[GaugeMetricFamily]:
     yield from (paused, circuit, failures)
 
 
-CIRCUIT_VALUES = {"closed": 0.0, "half-open": 0.5, "open": 1.0}
+CIRCUIT_VALUES = {
+    circuit_breaker.CLOSED: 0.0,
+    circuit_breaker.HALF_OPEN: 0.5,
+    circuit_breaker.OPEN: 1.0,
+}
 
 
 def queue_registry() -> CollectorRegistry:

@@ -20,8 +20,9 @@ if not os.environ.get("DATABASE_URL"):
     os.environ["DATABASE_URL"] = start_session_server()
 os.environ.setdefault("BROKER_ALLOW_PRIVATE_CALLBACKS", "true")  # receivers run on loopback
 # pytest-xdist's workers inherit the controlling process's environment: its DATABASE_URL (one
-# server for the session, a database per worker below) and its payload directory, which each
-# worker replaces with one of its own, as tests count the files in it.
+# server for the session; a database per process below, and so one per worker, as each worker is
+# a process of its own) and its payload directory, which each worker replaces with one of its
+# own, as tests count the files in it.
 if "BROKER_PAYLOAD_DIR" not in os.environ or "PYTEST_XDIST_WORKER" in os.environ:
     # Offloaded payloads of a test run never land in the project's payloads/; subprocesses that
     # the tests start inherit the variable, and so share the directory.

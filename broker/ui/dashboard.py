@@ -50,7 +50,7 @@ COUNT_LIMIT = 1_000
 class ConsumerRow:
     consumer: Consumer
     depth: QueueDepth
-    circuit: str  # closed, open, half-open
+    circuit: str  # one of circuit.STATES
     state: DeliveryState  # its last attempt and failure, its next attempt
     hour: Tally
     day: Tally
@@ -181,7 +181,7 @@ class Tile:
 def tiles(
     rows: list[ConsumerRow], totals: QueueDepth, hour: Recent, beats: list[Beat]
 ) -> list[Tile]:
-    open_circuits = sum(row.circuit == "open" for row in rows)
+    open_circuits = sum(row.circuit == circuit.OPEN for row in rows)
     paused = sum(row.consumer.paused for row in rows)
     alive = sum(not beat.stale for beat in beats)
     consumers, reports = "#consumers", reverse("ui:reports")

@@ -42,7 +42,7 @@ def held_back_by(consumer: Consumer, now: datetime) -> str:
     """Why none of the consumer's jobs is sent now, in words; "" when nothing holds them."""
     if consumer.paused:
         return "consumer paused"
-    if circuit.state(consumer, now) == "open":
+    if circuit.state(consumer, now) == circuit.OPEN:
         return f"circuit open until {utc(consumer.circuit_open_until)}"
     if consumer.throttled_until and consumer.throttled_until > now:
         return f"consumer answered 429, held until {utc(consumer.throttled_until)}"

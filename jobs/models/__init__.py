@@ -5,8 +5,8 @@ imports them from here (`from jobs.models import Job`)."""
 from jobs.models.attempt import CLOCK_ALLOWANCE, DeliveryAttempt, attempts_of_outer_job, delete_jobs
 from jobs.models.dead_letter import DeadLetterAction
 
-# _requeue_changes: what a requeue writes, which jobs/queue/dead_jobs.py's batches write too.
-from jobs.models.job import Job, JobQuerySet, _requeue_changes, job_public_id, named_by
+# requeue_changes: what a requeue writes, which jobs/queue/dead_jobs.py's batches write too.
+from jobs.models.job import Job, JobQuerySet, job_public_id, named_by, requeue_changes
 from jobs.models.monitoring import (
     DeliveryReport,
     DeliveryStats,
@@ -24,9 +24,9 @@ __all__ = [
     "Job",
     "JobQuerySet",
     "JobStatusSummary",
-    "_requeue_changes",
     "attempts_of_outer_job",
     "delete_jobs",
     "job_public_id",
     "named_by",
+    "requeue_changes",
 ]

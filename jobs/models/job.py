@@ -37,12 +37,12 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status=source).update(status=target, **changes)
 
     def requeue_dead(self) -> int:
-        return self.transition(DEAD, QUEUED, **_requeue_changes())
+        return self.transition(DEAD, QUEUED, **requeue_changes())
 
     def replay_delivered(self) -> int:
         """Deliver these DELIVERED jobs again (broker/replay.py): QUEUED, due now, attempts reset
         as by a requeue; their DeliveryAttempt rows stay, so the history shows both deliveries."""
-        return self.transition(DELIVERED, QUEUED, **_requeue_changes())
+        return self.transition(DELIVERED, QUEUED, **requeue_changes())
 
     def with_public_id(self, public_id: str) -> JobQuerySet:
         """The job named by `public_id` (Job.public_id), found by its primary key; none if the ID
@@ -65,7 +65,7 @@ def named_by(public_id: str) -> tuple[int, datetime] | None:
     return key, datetime.fromtimestamp(seconds, tz=UTC)
 
 
-def _requeue_changes() -> dict[str, Any]:
+def requeue_changes() -> dict[str, Any]:
     """A job back in the queue as new work: no attempt used, due now, a full age limit again,
     and no last error (it would say that the attempts were used up, or that it expired)."""
     now = timezone.now()
@@ -185,7 +185,7 @@ class Job(models.Model):
         self.move(INFLIGHT, DEAD, lease_expires_at=None, last_error=reason)
 
     def requeue(self) -> None:
-        self.move(DEAD, QUEUED, **_requeue_changes())
+        self.move(DEAD, QUEUED, **requeue_changes())
 
     def move(self, source: JobStatus, target: JobStatus, **changes: Any) -> None:
         """Move this job from `source` to `target` if it is still `source`; TransitionConflict if

@@ -28,8 +28,8 @@ with a short lock timeout and tried again on the next run rather than queue writ
 Where `spark_etl archive` runs (`archive_owns_retention`), the archive drops old partitions
 instead, after copying them to Parquet, and retention here only carries queued jobs forward.
 
-The SQL below is put together from the names of these two tables, their partitions and columns,
-never from input.
+The SQL of the package (catalog.py, creation.py, retention.py) is put together from the names of
+these two tables, their partitions and columns, never from input.
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ them, and of the rules those follow (jobs/queue/rules.py).
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
 - wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
 
-The store is PostgreSQL: each operation runs statements of jobs/queue/queries.sql, by name
+The store is PostgreSQL: each operation runs statements of jobs/queue/sql/, by name
 (jobs/queue/queries.py), from the module that owns it: postgres.py (publishing, release, replay,
 the push claim), outcomes.py (push outcomes), postgres_pull.py (pull consumers), dispatchers.py,
 dead_jobs.py. Requeues of single dead
 jobs, and a pull consumer's report on one job that is not the common INFLIGHT -> DELIVERED or
-DEAD, are single state changes: the state machine's own (jobs/models.py, jobs/states.py).
+DEAD, are single state changes: the state machine's own (jobs/models/job.py, jobs/states.py).
 Requeue and purge of many dead jobs go in batches: jobs/queue/dead_jobs.py (driven by
 jobs/dlq_actions.py).
 """

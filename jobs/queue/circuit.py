@@ -1,20 +1,20 @@
 """The circuit breaker of push consumers (docs/delivery.md, "Circuit breaker"): a consumer that is
-down is left alone. This module owns the rule; its SQL is in jobs/queue/queries.sql.
+down is left alone. This module owns the rule; its SQL is in jobs/queue/sql/circuit.sql.
 
 After BROKER_CIRCUIT_FAILURE_THRESHOLD attempts in a row find the consumer unavailable (no
 answer, a 5xx, 429 or 408: jobs/retry.py `is_unavailable`), its circuit opens for
-BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs (queries.sql, `receiving`), so
+BROKER_CIRCUIT_COOLDOWN_SECONDS: the claim takes none of its jobs (sql/circuit.sql, `receiving`), so
 none of them uses an attempt. When the cooldown is over the circuit is half-open: the claim takes
-one job, the probe (queries.sql, `in_flight_cap`). Any answer that is not unavailability (a 2xx,
+one job, the probe (sql/circuit.sql, `in_flight_cap`). Any answer that is not unavailability (a 2xx,
 or a 4xx of the consumer's own: `answered`) closes the circuit; an unavailable probe opens it
 again for twice as long (at most MAX_COOLDOWN_SECONDS) and gets its attempt back, so a consumer
 that is down for days does not push its jobs into the dead-letter queue one probe at a time
 (they expire after their age limit instead: jobs/queue/expiry.py).
 
 The state lives in three consumer columns (`state` reads them), changed by the statement that
-records a batch's outcomes (queries.sql, `record_outcomes` and its `consumer_outcomes`), in the
-same transaction; `consumer_parameters` gives it what this rule needs, and `opened` reads back
-what it did. An operator may close a circuit at any time (`close`).
+records a batch's outcomes (sql/outcomes.sql, `record_outcomes`, and its part
+`consumer_outcomes`), in the same transaction; `consumer_parameters` gives it what this rule
+needs, and `opened` reads back what it did. An operator may close a circuit at any time (`close`).
 
 A recording never waits for a consumer's row (issue 36): a row another transaction holds (another
 dispatcher's recording, a claim booking rate limit slots, an operator's edit, a process frozen
@@ -27,7 +27,6 @@ are FOR NO KEY UPDATE, which the foreign-key checks of new jobs do not wait for)
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -41,14 +40,17 @@ from jobs.retry import Outcome, Verdict
 
 logger = logging.getLogger(__name__)
 MAX_COOLDOWN_SECONDS = 3600
+# The states of a circuit, as the API, the UI and the metrics name them: closed (delivering),
+# open (holding back until circuit_open_until), half-open (the cooldown is over: the next claim
+# sends one probe).
+CLOSED, OPEN, HALF_OPEN = STATES = ("closed", "open", "half-open")
 
 
 def state(consumer: Consumer, now: datetime) -> str:
-    """ "closed" (delivering), "open" (holding back until circuit_open_until) or "half-open"
-    (the cooldown is over: the next claim sends one probe)."""
+    """The consumer's circuit state now: one of STATES."""
     if consumer.circuit_open_until is None:
-        return "closed"
-    return "open" if now < consumer.circuit_open_until else "half-open"
+        return CLOSED
+    return OPEN if now < consumer.circuit_open_until else HALF_OPEN
 
 
 def close(consumer: Consumer) -> None:
@@ -71,16 +73,13 @@ def answered(results: Sequence[AttemptResult], outcomes: dict[int, Outcome]) -> 
     }
 
 
-def unavailable(
-    results: Sequence[AttemptResult], outcomes: dict[int, Outcome], up: set[int]
-) -> Counter[int]:
-    """Per consumer, the attempts of the batch that found it unavailable, unless it is `up`."""
-    return Counter(
-        r.consumer_id
-        for r in results
-        if outcomes[r.job_id].unavailable
-        and outcomes[r.job_id].verdict is not Verdict.DELIVERED
-        and r.consumer_id not in up
+def counts_as_unavailable(result: AttemptResult, outcome: Outcome, up: set[int]) -> bool:
+    """Whether an attempt of a batch counts towards its consumer's circuit: it found the
+    consumer unavailable, and the consumer is not `up` (it answered elsewhere in the batch)."""
+    return (
+        outcome.unavailable
+        and outcome.verdict is not Verdict.DELIVERED
+        and result.consumer_id not in up
     )
 
 

@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
-from jobs.models import DeadLetterAction, Job, _requeue_changes
+from jobs.models import DeadLetterAction, Job, requeue_changes
 from jobs.queue.queries import statement
 from jobs.states import DEAD, QUEUED, check_transition
 
@@ -77,8 +77,9 @@ def count_range(dead: DeadRange) -> int:
 
 
 def _run(kind: str, picked_by: str, parameters: dict[str, Any]) -> Batch:
-    """One batch: queries.sql's `requeue_dead_range`, `purge_dead_keys`, ... (`picked_by`: range
-    or keys). A requeue sets the state machine's columns, each from a parameter."""
+    """One batch: sql/dead_jobs.sql's `requeue_dead_range`, `purge_dead_keys`, ...
+    (`picked_by`: range or keys). A requeue sets the state machine's columns, each from a
+    parameter."""
     if kind == REQUEUE:
         changes = _requeue_columns()
         assignments = ", ".join(f"{column} = %(set_{column})s" for column in changes)
@@ -96,7 +97,7 @@ def _requeue_columns() -> dict[str, Any]:
     """The columns a requeue sets and their values: the state machine's (JobQuerySet.transition,
     JobQuerySet.requeue_dead), by column name."""
     check_transition(DEAD, QUEUED)
-    changes = {"status_changed_at": timezone.now(), **_requeue_changes()}
+    changes = {"status_changed_at": timezone.now(), **requeue_changes()}
     return {_column(name): value for name, value in changes.items()}
 
 

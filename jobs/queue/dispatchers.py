@@ -1,8 +1,8 @@
 """Dispatchers known to be dead, and the jobs they held (docs/dispatcher.md, "Failures").
 
 A dispatcher beats every second (jobs/maintenance.py) and keeps a direct connection to
-PostgreSQL, its LISTEN connection, named after it (queries.sql, `name_session`). One is known
-dead when
+PostgreSQL, its LISTEN connection, named after it (sql/dispatchers.sql, `name_session`). One
+is known dead when
 - its connection is gone and it has not beaten for SILENT_SECONDS: a process that ends, however
   it ends, loses its connection at once (the kernel closes the socket, PostgreSQL ends the
   session). The silence guards against a database restart, which drops every connection of

@@ -1,7 +1,7 @@
 """Recording what became of a batch of push attempts, and giving back jobs never sent.
 
 Every outcome of a batch, 2xx answers and failures alike, is recorded by one statement, one
-round trip (queries.sql, `record_outcomes`): an attempt row each, each job moved on by its
+round trip (sql/outcomes.sql, `record_outcomes`): an attempt row each, each job moved on by its
 outcome, and the consumers' rows brought up to date (the circuit breaker: jobs/queue/circuit.py;
 each consumer's newest failure; a 429's hold; a 410's pause). This module gives it its
 parameters, from the results and the outcomes the retry policy decided (jobs/retry.py), and
@@ -37,14 +37,12 @@ def record_outcomes(
     whose circuit opened again has the probe's (circuit.probe_outcome)."""
     if not results:
         return {}
-    for verdict in {outcome.verdict for outcome in outcomes.values()}:
-        check_transition(INFLIGHT, TARGETS[verdict])
-    parameters: dict[str, Any] = {
-        "dispatcher": dispatcher_id,
-        "now": now,
-        **_job_parameters(results, outcomes),
-        **_consumer_parameters(results, outcomes),
-    }
+    targets = {TARGETS[outcome.verdict] for outcome in outcomes.values()}
+    if any(outcome.unavailable for outcome in outcomes.values()):
+        targets.add(QUEUED)  # a failed probe waits, QUEUED, for its circuit to half-open again
+    for target in targets:
+        check_transition(INFLIGHT, target)
+    parameters = {"dispatcher": dispatcher_id, "now": now, **_parameters(results, outcomes)}
     with connection.cursor() as cursor:
         cursor.execute(statement("record_outcomes"), parameters)
         present, *opened = cursor.fetchone()
@@ -62,10 +60,26 @@ def record_outcomes(
     return applied
 
 
+def _parameters(results: list[AttemptResult], outcomes: dict[int, Outcome]) -> dict[str, Any]:
+    """The statement's parameters. The jobs go in their keys' order, the order they are locked
+    in (statements locking the same jobs then wait for each other rather than deadlock);
+    `places` keeps the batch's order for what depends on it (which failure is the newest, which
+    429's hold is the last)."""
+    up = circuit.answered(results, outcomes)
+    placed = sorted(enumerate(results), key=lambda item: (item[1].job_id, item[1].partition_at))
+    ordered = [result for _, result in placed]
+    return {
+        "places": [place for place, _ in placed],
+        **_job_parameters(ordered, outcomes),
+        **_told_of_consumers(ordered, outcomes, up),
+        **_consumer_parameters(results, up),
+    }
+
+
 def _job_parameters(
     results: Sequence[AttemptResult], outcomes: dict[int, Outcome]
 ) -> dict[str, Any]:
-    """Per attempt, in the results' order: its job's whole key and claim, its attempt row, and
+    """Per attempt, in the order given: its job's whole key and claim, its attempt row, and
     where its job goes."""
     by_job = [outcomes[r.job_id] for r in results]
     return {
@@ -92,31 +106,37 @@ def _job_parameters(
     }
 
 
-def _consumer_parameters(
-    results: Sequence[AttemptResult], outcomes: dict[int, Outcome]
+def _told_of_consumers(
+    results: Sequence[AttemptResult], outcomes: dict[int, Outcome], up: set[int]
 ) -> dict[str, Any]:
-    """Per consumer of the batch, in id order (the order their rows are locked in): what the
-    circuit breaker needs, its newest failure, the latest 429's hold (the last in the batch),
-    and whether it answered 410."""
-    up = circuit.answered(results, outcomes)
-    unavailable = circuit.unavailable(results, outcomes, up)
-    failed = [r for r in results if outcomes[r.job_id].verdict is not Verdict.DELIVERED]
-    newest: dict[int, AttemptResult] = {}
-    for result in failed:
-        known = newest.get(result.consumer_id)
-        if known is None or result.started_at > known.started_at:
-            newest[result.consumer_id] = result
-    held = {r.consumer_id: until for r in failed if (until := outcomes[r.job_id].throttle_until)}
-    gone = {r.consumer_id for r in failed if outcomes[r.job_id].pause_consumer}
+    """Per attempt, in the order given, what it tells of its consumer: whether it counts as
+    unavailable towards the circuit, and for a failure its time and summary, a 429's hold and a
+    410's pause. The statement counts only those whose job is still there (sql/circuit.sql,
+    `consumer_outcomes`)."""
+    by_job = [outcomes[r.job_id] for r in results]
+    failed = [o.verdict is not Verdict.DELIVERED for o in by_job]
+    return {
+        "unavailable": [
+            circuit.counts_as_unavailable(r, o, up) for r, o in zip(results, by_job, strict=True)
+        ],
+        "failed_at": [r.started_at if f else None for r, f in zip(results, failed, strict=True)],
+        "failures": [
+            failure_summary(r) if f else None for r, f in zip(results, failed, strict=True)
+        ],
+        "throttled_until": [
+            o.throttle_until if f else None for o, f in zip(by_job, failed, strict=True)
+        ],
+        "pause": [f and o.pause_consumer for o, f in zip(by_job, failed, strict=True)],
+    }
+
+
+def _consumer_parameters(results: Sequence[AttemptResult], up: set[int]) -> dict[str, Any]:
+    """Per consumer of the batch, in id order: whether it answered anywhere in the batch (its
+    circuit closes); and the circuit breaker's settings."""
     consumers = sorted({r.consumer_id for r in results})
     return {
         "consumers": consumers,
         "answered": [c in up for c in consumers],
-        "unavailable": [unavailable[c] for c in consumers],
-        "failed_at": [newest[c].started_at if c in newest else None for c in consumers],
-        "failures": [failure_summary(newest[c]) if c in newest else None for c in consumers],
-        "throttled_until": [held.get(c) for c in consumers],
-        "pause": [c in gone for c in consumers],
         **circuit.consumer_parameters(),
     }
 
@@ -130,8 +150,9 @@ def failure_summary(result: AttemptResult) -> str:
 def release_unsent(keys: Iterable[JobKey]) -> int:
     """Give claimed jobs that were never sent back to the queue, without using an attempt and
     in their place: they keep the due time they were claimed at. By their whole primary keys,
-    (id, partition_at), as the claim returned them. How many went back."""
-    keys = list(keys)
+    (id, partition_at), as the claim returned them, locked in that order (as record_outcomes
+    locks them). How many went back."""
+    keys = sorted(keys)
     if not keys:
         return 0
     check_transition(INFLIGHT, QUEUED)

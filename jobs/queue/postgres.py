@@ -1,6 +1,7 @@
 """Running the queue's statements of publishing, release, replay and the push claim: each hot
-operation one statement and one round trip. The statements are jobs/queue/queries.sql's, run
-by name; this module gives them their parameters and reads their answers
+operation one statement and one round trip. The statements are those of jobs/queue/sql/
+(publish.sql, push_claim.sql), run by name; this module gives them their parameters and reads
+their answers
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _check_parameters(tokens: TokenDigests | None) -> dict[str, Any]:
 def claim_parameters(
     limit: int, now: datetime, rooms: ClaimRooms, dispatcher_id: str | None
 ) -> dict[str, Any]:
-    """The parameters of queries.sql's `claim_for_push`."""
+    """The parameters of `claim_for_push` (sql/push_claim.sql)."""
     consumers = list(rooms.rooms)
     return {
         "now": now,

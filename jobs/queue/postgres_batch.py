@@ -1,4 +1,4 @@
-"""The batch publish on PostgreSQL: many messages and their jobs in one statement (queries.sql,
+"""The batch publish on PostgreSQL: many messages and their jobs in one statement (sql/publish.sql,
 `insert_messages`, run by jobs/queue/postgres.py). This module holds the parameter it takes (the
 batch as one JSON array, read by jsonb_array_elements) and the reading of its answer.
 Why one statement: docs/performance-history.md, "Batch ingest (issue 18)".

@@ -1,4 +1,4 @@
-"""Running the pull consumers' statements (jobs/queue/queries.sql): a claim in one statement, an
+"""Running the pull consumers' statements (jobs/queue/sql/pull.sql): a claim in one statement, an
 acknowledgement in one, a report's read and its moves in one each.
 
 Pull workers ask over HTTP for batches of 50 to 500 jobs; what costs there is the interpreter's

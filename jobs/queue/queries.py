@@ -1,8 +1,11 @@
-"""The queue's SQL, by name: every statement the queue runs is written in jobs/queue/queries.sql,
-and the modules of jobs/queue run them only by name from here (as procrastinate keeps its queries
-in one file behind its manager).
+"""The queue's SQL, by name: every statement the queue runs is written in the files of
+jobs/queue/sql/, one per part of the queue (shared.sql: the fragments several parts use;
+publish.sql, push_claim.sql, outcomes.sql, circuit.sql, pull.sql, dispatchers.sql, dead_jobs.sql,
+leases.sql), and the modules of jobs/queue run them only by name from here (as procrastinate keeps
+its queries in named blocks behind its manager). A name is defined once across the files.
 
-The file is a sequence of blocks, each opened by a comment line:
+Each file is a sequence of blocks, each opened by a comment line (the comments before a file's
+first block are its preamble):
 - `-- name: claim_for_push` opens a statement;
 - `-- fragment: subscribed(consumer, matching)` opens a piece that statements share (a rule of
   jobs/queue/rules.py, a list of columns), with parameters or without.
@@ -25,7 +28,7 @@ from pathlib import Path
 from broker.models import Message
 from jobs.models import CLOCK_ALLOWANCE, Job
 
-QUERIES_FILE = Path(__file__).with_name("queries.sql")
+SQL_DIRECTORY = Path(__file__).with_name("sql")
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)(?:\(([^)]*)\))?\s*$", re.MULTILINE)
 # `{name}` or `{name(arguments)}`; an argument may hold one level of braces (a fragment).
 _USE = re.compile(r"\{(\w+)(?:\(((?:[^{}()]|\([^{}()]*\)|\{\w+\})*)\))?\}")
@@ -59,6 +62,8 @@ def constants() -> Mapping[str, str]:
         "slot_horizon_seconds": str(rules.SLOT_HORIZON_SECONDS),
         "wakeup_channel": rules.WAKEUP_CHANNEL,
         "session_prefix": rules.SESSION_PREFIX,
+        # The states of a job still on its way, as an SQL list of literals: `status IN {pending}`.
+        "pending": "(" + ", ".join(f"'{status.value}'" for status in rules.PENDING) + ")",
         "clock_allowance_seconds": f"{CLOCK_ALLOWANCE.total_seconds():.0f}",
         "claimed_job_columns": ", ".join(f"j.{name}" for name in CLAIMED_JOB_FIELDS),
         "claimed_message_columns": ", ".join(f"m.{name}" for name in CLAIMED_MESSAGE_FIELDS),
@@ -71,20 +76,26 @@ class _Block:
         self.text = text
 
 
+def sql_files() -> list[Path]:
+    """The files of the queue's SQL, in name order."""
+    return sorted(SQL_DIRECTORY.glob("*.sql"))
+
+
 @functools.cache
 def _blocks() -> tuple[dict[str, _Block], dict[str, _Block]]:
-    """The file's statements and fragments, by name; read once per process."""
-    source = QUERIES_FILE.read_text(encoding="utf-8")
+    """The statements and fragments of every file, by name; read once per process."""
     statements: dict[str, _Block] = {}
     fragments: dict[str, _Block] = {}
-    heads = list(_BLOCK.finditer(source))
-    for head, following in zip(heads, [*heads[1:], None], strict=True):
-        kind, name, parameters = head.groups()
-        end = following.start() if following else len(source)
-        blocks = statements if kind == "name" else fragments
-        if name in statements or name in fragments:
-            raise ValueError(f"{QUERIES_FILE.name}: {name} is defined twice")
-        blocks[name] = _Block(parameters, _sql_of(source[head.end() : end]))
+    for path in sql_files():
+        source = path.read_text(encoding="utf-8")
+        heads = list(_BLOCK.finditer(source))
+        for head, following in zip(heads, [*heads[1:], None], strict=True):
+            kind, name, parameters = head.groups()
+            end = following.start() if following else len(source)
+            blocks = statements if kind == "name" else fragments
+            if name in statements or name in fragments:
+                raise ValueError(f"{path.name}: {name} is defined twice")
+            blocks[name] = _Block(parameters, _sql_of(source[head.end() : end]))
     return statements, fragments
 
 
@@ -131,7 +142,7 @@ def _split(arguments: str | None) -> list[str]:
 
 
 def fragment(name: str, *arguments: str, slots: Mapping[str, str] | None = None) -> str:
-    """The fragment `name` of queries.sql, its parameters bound to `arguments` (SQL text)."""
+    """The fragment `name`, its parameters bound to `arguments` (SQL text)."""
     block = _blocks()[1][name]
     if len(arguments) != len(block.parameters):
         raise TypeError(f"fragment {name} takes {block.parameters}, given {arguments}")
@@ -146,12 +157,12 @@ def _complete(name: str) -> str:
 
 
 def statement(name: str, **slots: str) -> str:
-    """The statement `name` of queries.sql, ready to run (its `{slot}`s filled by `slots`)."""
+    """The statement `name`, ready to run (its `{slot}`s filled by `slots`)."""
     if slots:
         return _expand(_blocks()[0][name].text, {}, slots)
     return _complete(name)
 
 
 def names() -> list[str]:
-    """Every statement's name, in the file's order."""
+    """Every statement's name, in the files' order."""
     return list(_blocks()[0])

@@ -1,10 +1,11 @@
 """The rules the queue's operations share, written once: lease length, the default in-flight cap,
-the rate limit's horizon, which consumers a message fans out to (event types, in SQL), whether an
-ordered consumer's key is busy, and which channels a producer may publish to
-(BROKER_PRODUCER_CHANNELS). Those written in SQL are fragments of jobs/queue/queries.sql, which
-the functions here name. Rules that one statement alone applies are written in it and named
-there: the push claim's slots and the head of each ordering key (queries.sql); the circuit
-breaker's are jobs/queue/circuit.py's.
+the rate limit's horizon, which consumers a message fans out to (event types: the fragments
+`matching_patterns` and `subscribed` of jobs/queue/sql/shared.sql, which only statements use),
+whether an ordered consumer's key is busy, and which channels a producer may publish to
+(BROKER_PRODUCER_CHANNELS, in SQL too: `producer_may_publish_sql` names its fragment for the
+broadcast endpoint). Rules that one statement alone applies are written in it and named
+there: the push claim's slots and the head of each ordering key (sql/push_claim.sql); the
+circuit breaker's are jobs/queue/circuit.py's.
 """
 
 from __future__ import annotations
@@ -51,18 +52,6 @@ def push_lease_expiry(now: datetime) -> datetime:
     return lease_expiry(now) + timedelta(seconds=SLOT_HORIZON_SECONDS)
 
 
-def matching_patterns_sql(event_type: str) -> str:
-    """SQL: the text[] of every pattern that matches a message whose type is the SQL expression
-    `event_type` (queries.sql, `matching_patterns`)."""
-    return queries.fragment("matching_patterns", event_type)
-
-
-def subscribed_sql(consumer: str, matching: str) -> str:
-    """SQL: whether the consumer row `consumer` receives a message whose `matching_patterns_sql`
-    is the SQL expression `matching` (queries.sql, `subscribed`)."""
-    return queries.fragment("subscribed", consumer, matching)
-
-
 def pending_of_key(consumer_id: int, ordering_key: str) -> JobQuerySet:
     """The consumer's jobs of one ordering key that are still on their way (QUEUED or
     INFLIGHT), through job_consumer_key_pending_idx."""
@@ -95,7 +84,7 @@ def producer_may_publish(producer_id: str, channel_id: str) -> bool:
 
 def producer_may_publish_sql(producer: str, channel: str) -> str:
     """`producer_may_publish` in SQL, for the SQL expressions `producer` and `channel` (IDs;
-    queries.sql, `producer_may_publish`); `producer_rule_parameters()` gives its parameter."""
+    sql/shared.sql, `producer_may_publish`); `producer_rule_parameters()` gives its parameter."""
     return queries.fragment("producer_may_publish", producer, channel)
 
 

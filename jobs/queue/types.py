@@ -51,7 +51,7 @@ class ClaimRooms:
 
 
 # A job's whole primary key on PostgreSQL: its id and its time partition's key (Job.partition_at,
-# jobs/partitions.py), as a claim returns them.
+# jobs/partitions/), as a claim returns them.
 JobKey = tuple[int, datetime]
 
 
@@ -60,7 +60,7 @@ class ClaimedJob:
     """What a push claim returns for one job: everything its request needs but the consumer."""
 
     job_id: int
-    # Its time partition's key (jobs/partitions.py): with job_id the whole primary key, by which
+    # Its time partition's key (jobs/partitions/): with job_id the whole primary key, by which
     # the outcome of its attempt is recorded (or the job given back unsent).
     partition_at: datetime
     attempt: int  # the job's attempts, this one included

@@ -10,11 +10,12 @@ import time_machine
 from django.utils import timezone
 
 from broker import publish
+from broker.models import Message
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.queue import circuit
 from jobs.states import DEAD, DELIVERED, QUEUED
-from tests.delivery import push_consumer, run_once
+from tests.delivery import push_consumer, run_once, send
 from tests.helpers import make_consumer
 from tests.receiver import Reply
 
@@ -141,6 +142,30 @@ def test_a_consumer_down_for_longer_than_the_retry_schedule_loses_no_job(
             run_once(dispatcher)
         elapsed += 7
     assert not DeliveryAttempt.objects.filter(job__attempts__gt=3).exists()
+
+
+@pytest.mark.parametrize("status", [503, 429, 410])
+def test_failures_of_jobs_deleted_meanwhile_count_for_nothing(
+    status, channel, receiver, dispatcher
+):
+    """Their messages were deleted while the attempts were out: the consumer's row is left as it
+    was (no failure counted, no circuit opened, no last failure, no hold, no pause)."""
+    consumer = push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(status, headers={"Retry-After": "60"})
+    for number in range(2):  # the threshold
+        publish(channel, b"x", producer="shop", message_id=f"m{number}")
+    results = send(dispatcher.claim(10))
+    Message.objects.all().delete()  # takes their jobs with them
+
+    dispatcher.complete(results)
+
+    consumer.refresh_from_db()
+    assert (consumer.circuit_failures, consumer.circuit_open_until) == (0, None)
+    assert (consumer.last_failure_at, consumer.throttled_until, consumer.paused) == (
+        None,
+        None,
+        False,
+    )
 
 
 def test_answers_the_consumer_chose_do_not_count(channel, receiver, dispatcher):

@@ -22,7 +22,7 @@ from broker.seed import SeedError, apply_seed, parse_seed
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.queue import release_due_messages
-from jobs.queue.rules import matching_patterns_sql, subscribed_sql
+from jobs.queue.queries import fragment
 from tests.conftest import ADMIN_TOKEN, FORM
 from tests.delivery import push_consumer, run_once
 from tests.helpers import BROADCAST_HEADERS, make_consumer, make_consumer_with_token, tokens
@@ -177,7 +177,7 @@ def test_an_invalid_event_type_is_refused_and_nothing_stored(channel):
     event_type=st.none() | st.sampled_from(["a", "a.b", "a.b.c", "ab", "b", "b.x", "c"]),
 )
 def test_postgresql_and_python_give_the_same_answer(patterns, event_type):
-    rule = subscribed_sql("consumer", matching_patterns_sql("%(type)s::text"))
+    rule = fragment("subscribed", "consumer", fragment("matching_patterns", "%(type)s::text"))
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {rule} FROM (SELECT %(patterns)s::jsonb) AS consumer(event_types)",  # noqa: S608

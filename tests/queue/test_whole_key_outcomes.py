@@ -1,5 +1,5 @@
 """Push outcomes recorded by each job's whole primary key, (id, partition_at), as the claim returned
-it (jobs/queue/queries.sql, `record_outcomes`; jobs/queue/outcomes.py): in the job's own
+it (jobs/queue/sql/outcomes.sql, `record_outcomes`; jobs/queue/outcomes.py): in the job's own
 time partition only, whatever its creation time; a job no longer under that key gets nothing."""
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+------------------------------------------------------------------------------------------------
+-- Pull consumers: a claim in one statement, an acknowledgement in one, a report's read and its
+-- moves in one each. Pull workers ask over HTTP for batches of 50 to 500 jobs; what costs there
+-- is the interpreter's work per job, so the statements return only what the answer and the log
+-- lines need (docs/performance-history.md, "Pull: batch acknowledgement (issue 18)").
+------------------------------------------------------------------------------------------------
+
+-- fragment: pull_claim(head_of_key)
+-- The pull claim: the consumer's best due jobs, locked (skipping those another worker is
+-- taking), moved to INFLIGHT under the lease with one attempt more, and returned with their
+-- messages (queries.CLAIMED_JOB_FIELDS, CLAIMED_MESSAGE_FIELDS). MATERIALIZED with the LIMIT:
+-- docs/queue-design.md (PostgreSQL bug #15715). Rows are matched on the whole primary key,
+-- (id, partition_at), as in the push claim.
+WITH due AS MATERIALIZED (
+    SELECT j.id, j.partition_at
+    FROM jobs_job j
+    WHERE j.consumer_id = %(consumer)s AND j.status = 'QUEUED'
+        AND j.next_attempt_at <= %(now)s {head_of_key}
+    ORDER BY j.priority DESC, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs_job j
+SET status = 'INFLIGHT', status_changed_at = %(now)s, attempts = j.attempts + 1,
+    lease_expires_at = %(lease_until)s, incremental_timeout = 0
+FROM due, broker_message m
+WHERE j.id = due.id AND j.partition_at = due.partition_at AND j.status = 'QUEUED'
+    AND m.id = j.message_id
+RETURNING {claimed_job_columns},
+    {claimed_message_columns}
+
+-- name: claim_for_pull
+-- The claim of a consumer that is not ordered.
+{pull_claim()}
+
+-- name: claim_heads_for_pull
+-- The claim of an ordered consumer: only the head of each ordering key.
+{pull_claim({head_of_key})}
+
+-- name: acknowledge_pull_job
+-- A pull consumer's report on one job it holds (DELIVERED or DEAD): the move and what its log
+-- line says of the job before it (`held`, read in the statement's snapshot) in one round trip;
+-- nothing when the job is not the consumer's or not INFLIGHT (the caller then looks into why).
+WITH held AS (
+    SELECT job.id, job.attempts, job.status_changed_at, message.public_id, message.channel_id,
+        message.traceparent, message.tracestate
+    FROM jobs_job job JOIN broker_message message ON message.id = job.message_id
+    WHERE job.id = %(job)s AND job.consumer_id = %(consumer)s
+        AND job.created_at >= %(created_from)s AND job.created_at < %(created_until)s
+)
+UPDATE jobs_job job
+SET status = %(target)s, status_changed_at = %(now)s, lease_expires_at = NULL,
+    last_error = %(reason)s
+FROM held
+WHERE job.id = held.id AND job.status = 'INFLIGHT'
+RETURNING held.attempts, held.status_changed_at, held.public_id, held.channel_id,
+    held.traceparent, held.tracestate
+
+-- name: lock_reported
+-- A report's read: the consumer's jobs among those named, locked in key order (two reports never
+-- deadlock): its key and creation time (its public ID), its state, then types.HELD_COLUMNS.
+SELECT job.id, job.created_at, job.status, job.attempts, job.status_changed_at,
+    message.public_id, message.channel_id, message.traceparent, message.tracestate
+FROM jobs_job job JOIN broker_message message ON message.id = job.message_id
+WHERE job.consumer_id = %(consumer)s AND job.id = ANY(%(keys)s::bigint[])
+ORDER BY job.id
+FOR UPDATE OF job
+
+-- name: apply_pull_moves
+-- A report's moves, whatever their targets, in one conditional UPDATE: each job's own state, last
+-- error and (QUEUED) due time; jobs no longer INFLIGHT are left alone and not counted.
+UPDATE jobs_job job
+SET status = move.target, status_changed_at = %(now)s, lease_expires_at = NULL,
+    last_error = move.reason, next_attempt_at = coalesce(move.due_at, job.next_attempt_at)
+FROM unnest(%(keys)s::bigint[], %(targets)s::text[], %(reasons)s::text[],
+    %(due)s::timestamptz[]) AS move(id, target, reason, due_at)
+WHERE job.id = move.id AND job.status = 'INFLIGHT'
