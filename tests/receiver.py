@@ -29,6 +29,9 @@ class Reply:
     delay: float = 0.0  # seconds before answering
 
 
+STOP_GRACE_SECONDS = 1.0
+
+
 class Receiver:
     """Answers each path with its Reply (default 200) and keeps every request it got."""
 
@@ -53,17 +56,28 @@ class Receiver:
 
     def stop(self) -> None:
         if self._runner:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
     def paths(self) -> list[str]:
         return [request.path for request in self.received]
 
+    async def _close(self) -> None:
+        assert self._runner
+        await self._runner.cleanup()
+        # The answers cut off at the grace's end end here, not as tasks destroyed pending.
+        cut_off = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in cut_off:
+            task.cancel()
+        await asyncio.gather(*cut_off, return_exceptions=True)
+
     async def _start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
+        # At stop, answers still held back (a Reply's delay) get a second, then are cut off: the
+        # test is over, and waiting them out cost seconds of every slow receiver's teardown.
+        self._runner = web.AppRunner(app, shutdown_timeout=STOP_GRACE_SECONDS)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.tls)
         await site.start()

@@ -3,10 +3,8 @@ lease (jobs/queue/dispatchers.py; issue 36)."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,18 +14,9 @@ from jobs.states import INFLIGHT
 from tests.delivery import push_consumer
 from tests.helpers import make_channel, make_producer
 from tests.processes import kill_if_running, start_dispatcher, wait_until
-from tests.receiver import Receiver, Reply
+from tests.receiver import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    """The conftest's receiver, but its stop does not wait for the answers still held back."""
-    running = Receiver().start()
-    yield running
-    with contextlib.suppress(TimeoutError):  # its daemon thread goes with the test process
-        running.stop()
 
 
 def holder(process) -> str:
