@@ -95,17 +95,13 @@ def pytest_report_header() -> str:
     data directory is a temporary one) or DATABASE_URL's."""
     import psycopg
 
+    from tests.helpers import another_session
+
     settings = connection.settings_dict
     where = f"{settings['HOST']}:{settings['PORT']}"
     try:
-        with psycopg.connect(
-            host=settings["HOST"],
-            port=settings["PORT"],
-            user=settings["USER"],
-            password=settings["PASSWORD"],
-            dbname="postgres",  # as Django's test database creation: NAME may not exist yet
-            connect_timeout=10,
-        ) as server:
+        # The database "postgres", as Django's test database creation: NAME may not exist yet.
+        with another_session("postgres", connect_timeout=10) as server:
             version = server.execute("SHOW server_version").fetchone()
             directory = server.execute(
                 "SELECT setting FROM pg_settings WHERE name = 'data_directory'"

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from django.contrib.auth.models import Group, User
 from django.db import connection
 from django.utils import timezone
@@ -157,3 +158,17 @@ def scans_a_table(plan: str) -> bool:
     page's (1.00: a partition emptied by earlier tests keeps a page), where any row costs more."""
     costs = re.findall(r"Seq Scan .*\(cost=[\d.]+\.\.([\d.]+) ", plan)
     return any(float(cost) > 1.0 for cost in costs)
+
+
+def another_session(dbname: str | None = None, **options: Any) -> psycopg.Connection[Any]:
+    """A connection of its own to the tests' database server (its database unless `dbname`
+    says another), beside Django's: a second session, to hold locks or to look from outside."""
+    settings = connection.settings_dict
+    return psycopg.connect(
+        host=settings["HOST"],
+        port=settings["PORT"],
+        user=settings["USER"],
+        password=settings["PASSWORD"] or None,
+        dbname=dbname or settings["NAME"],
+        **options,
+    )

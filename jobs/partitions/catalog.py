@@ -135,17 +135,18 @@ def _lock_holders() -> str:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT DISTINCT ON (activity.pid) activity.pid, activity.application_name,
-                   activity.state, now() - activity.xact_start, left(activity.query, 120)
-            FROM pg_locks lock JOIN pg_stat_activity activity USING (pid)
-            WHERE lock.granted AND lock.pid <> pg_backend_pid()
-              AND lock.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-              AND starts_with(lock.relation::regclass::text, 'jobs_')
-            ORDER BY activity.pid
+            SELECT pid, application_name, state, now() - xact_start, left(query, 120)
+            FROM pg_stat_activity activity
+            WHERE pid <> pg_backend_pid() AND datname = current_database() AND EXISTS (
+                SELECT FROM pg_locks lock
+                WHERE lock.pid = activity.pid AND lock.granted
+                  AND starts_with(lock.relation::regclass::text, 'jobs_'))
+            ORDER BY xact_start NULLS LAST
+            LIMIT 5
             """
         )
-        holders = sorted(cursor.fetchall(), key=lambda row: row[3] or timedelta(0), reverse=True)
+        holders = cursor.fetchall()
     return "; ".join(
         f"pid {pid} ({application or 'no name'}, {state}, for {age}): {query}"
-        for pid, application, state, age, query in holders[:5]
+        for pid, application, state, age, query in holders
     )

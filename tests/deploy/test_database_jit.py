@@ -6,13 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import psycopg
 import pytest
-from django.db import connection
 
 from broker.env import database_settings
 from tests import ROOT
 from tests.api_server import database_url
+from tests.helpers import another_session
 from tests.processes import operator_environment
 
 # What a broker process's connection says of its JIT setting, and where the value comes from.
@@ -90,10 +89,7 @@ def broker_jit(**variables: str) -> str:
 
 def server_jit() -> str:
     """`setting source` of JIT on a plain connection to the same database: the server's own."""
-    settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
-    ) as plain:
+    with another_session() as plain:
         row = plain.execute("SELECT setting, source FROM pg_settings WHERE name = 'jit'").fetchone()
     assert row is not None
     return " ".join(row)

@@ -30,7 +30,7 @@ from jobs.migrations._concurrent_index import (
 )
 from jobs.models import Job
 from jobs.states import DEAD, QUEUED
-from tests.helpers import make_job
+from tests.helpers import another_session, make_job
 
 # Descending order, an INCLUDE column and a condition, all of which each partition's index must
 # repeat for PostgreSQL to attach it.
@@ -192,10 +192,7 @@ def crash_before_building_on(partition: str, patched: pytest.MonkeyPatch) -> Non
 @contextlib.contextmanager
 def writing_transaction() -> Iterator[psycopg.Connection[Any]]:
     """Another connection, in a transaction that holds the lock a writer of jobs_job holds."""
-    settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
-    ) as other:
+    with another_session() as other:
         other.execute("LOCK TABLE jobs_job IN ROW EXCLUSIVE MODE")
         yield other
 

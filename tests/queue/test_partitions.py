@@ -22,7 +22,7 @@ from jobs import partitions
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED, JobStatus
 from tests import ROOT
-from tests.helpers import make_job
+from tests.helpers import another_session, make_job
 
 pytestmark = pytest.mark.django_db
 DAY = timedelta(days=1)
@@ -86,10 +86,7 @@ def test_a_partition_whose_lock_is_not_granted_is_left_for_the_next_run_naming_t
 ):
     monkeypatch.setattr(partitions.catalog, "LOCK_TRIES", 1)
     later = timezone.now() + 30 * DAY
-    settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
-    ) as writer:
+    with another_session() as writer:
         writer.execute("LOCK TABLE jobs_job_default IN ROW EXCLUSIVE MODE")
         created = partitions.ensure_partitions(later)
         holder = writer.info.backend_pid

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 
-import psycopg
 import pytest
 from django.db import connection
 
@@ -24,7 +23,7 @@ from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED, INFLIGHT
 from tests import ROOT
 from tests.delivery import send
-from tests.helpers import make_channel, make_consumer, make_producer
+from tests.helpers import another_session, make_channel, make_consumer, make_producer
 from tests.processes import kill_if_running, wait_until
 
 pytestmark = pytest.mark.django_db
@@ -93,10 +92,7 @@ def test_a_database_without_the_schema_stops_the_dispatcher_saying_so():
     exits non-zero with a message naming the remedy, rather than logging for ever."""
     settings = connection.settings_dict
     empty = f"broker_unmigrated_{threading.get_native_id()}"
-    admin = psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname="postgres",
-        autocommit=True,
-    )  # fmt: skip
+    admin = another_session("postgres", autocommit=True)
     admin.execute(f'CREATE DATABASE "{empty}"')
     try:
         url = f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{empty}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 
-import psycopg
 import pytest
 from django.db import OperationalError, connection
 
@@ -15,7 +14,7 @@ from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.states import DELIVERED
 from tests.delivery import push_consumer
-from tests.helpers import make_channel, make_producer
+from tests.helpers import another_session, make_channel, make_producer
 from tests.processes import kill_if_running, start_dispatcher, wait_until
 from tests.receiver import Reply
 
@@ -44,10 +43,7 @@ def test_a_consumer_row_held_by_another_session_stalls_no_other_consumer(receive
     healthy = push_consumer(healthy_channel, receiver, "up", "/up")
     for number in range(20):
         publish(failing_channel, b"{}", producer="shop", message_id=f"f{number}")
-    settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
-    ) as psql:
+    with another_session() as psql:
         psql.execute(
             f"SELECT * FROM {Consumer._meta.db_table} WHERE id = %s FOR UPDATE",  # noqa: S608
             [locked.pk],
