@@ -58,6 +58,8 @@ def test_the_reason_is_two_clicks_from_the_dashboard(screen, live_server, failin
 
     page.select_option("select[name=outcome]", "5xx")
     page.locator("form.filters button[type=submit]").first.click()
+    # count() does not wait: the filtered page must have loaded, not the one before it.
+    page.wait_for_url("**/ui/consumers/orders/audit?*outcome=5xx*")
     attempts = page.locator("table.attempts tbody tr")
     assert attempts.count() == 3
     attempts.first.locator("a[href^='/ui/jobs/']").click()
