@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
         clock.moved_ahead = True
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups' marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     skip_disruptive_tests_off_the_machines_server(items)
     group_tests_that_share_a_costly_start(items)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 
 if not os.environ.get("DATABASE_URL"):
@@ -31,6 +32,12 @@ if "BROKER_PAYLOAD_DIR" not in os.environ or "PYTEST_XDIST_WORKER" in os.environ
 
 from broker.settings import *  # noqa: F403
 from broker.settings import DATABASES
+
+# Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (some CI images set it): without
+# it each worker rewrites every test module's asserts again (7 s of CPU each) and every broker
+# process a test starts compiles the project again. The files go in __pycache__/, ignored by git.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # for the processes the tests start
 
 # One test database per test process, so concurrent runs (a developer's and CI's, or parallel
 # workers) never drop each other's database.

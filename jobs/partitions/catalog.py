@@ -17,7 +17,11 @@ logger = logging.getLogger("jobs.partitions")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 AHEAD = timedelta(days=2)  # partitions exist at least this far past now
-LOCK_TIMEOUT = "1s"  # the longest a DDL statement may make writers wait for it
+# The longest a DDL statement may make writers wait for it. Longer than PostgreSQL's
+# deadlock_timeout (1 s by default): only a request still waiting then makes an autovacuum that
+# holds the lock step aside, and a new partition locks broker_message, which its foreign key
+# points to and which autovacuum often works on (a request that gave up at 1 s never got it).
+LOCK_TIMEOUT = "2s"
 LOCK_TRIES = 3
 
 
@@ -131,22 +135,24 @@ def with_lock_retries(ddl: Callable[[], None]) -> bool:
 
 def _lock_holders() -> str:
     """Who kept the DDL waiting, for the operator (and a failing test's log): the sessions
-    holding locks on the queue's tables, longest transaction first."""
+    holding locks on tables (the queue's, or those its foreign keys point to), longest
+    transaction first, with the tables they hold."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT pid, application_name, state, now() - xact_start, left(query, 120)
+            SELECT activity.pid, application_name, state, now() - xact_start, left(query, 120),
+                   string_agg(DISTINCT lock.relation::regclass::text, ', ')
             FROM pg_stat_activity activity
-            WHERE pid <> pg_backend_pid() AND datname = current_database() AND EXISTS (
-                SELECT FROM pg_locks lock
-                WHERE lock.pid = activity.pid AND lock.granted
-                  AND starts_with(lock.relation::regclass::text, 'jobs_'))
+            JOIN pg_locks lock ON lock.pid = activity.pid AND lock.granted
+            JOIN pg_class class ON class.oid = lock.relation AND class.relkind IN ('r', 'p')
+            WHERE activity.pid <> pg_backend_pid() AND datname = current_database()
+            GROUP BY 1, 2, 3, 4, 5, xact_start
             ORDER BY xact_start NULLS LAST
             LIMIT 5
             """
         )
         holders = cursor.fetchall()
     return "; ".join(
-        f"pid {pid} ({application or 'no name'}, {state}, for {age}): {query}"
-        for pid, application, state, age, query in holders
+        f"pid {pid} ({application or 'no name'}, {state}, for {age}, on {tables}): {query}"
+        for pid, application, state, age, query, tables in holders
     )

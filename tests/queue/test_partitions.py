@@ -94,7 +94,7 @@ def test_a_partition_whose_lock_is_not_granted_is_left_for_the_next_run_naming_t
     assert not [name for name in created if name.startswith("jobs_job_")]
     missing = partitions.JOBS.partition_name(partitions.span_start(later))
     assert missing not in names(partitions.JOBS)
-    assert "lock not granted in 1s, trying again; the oldest transactions" in caplog.text
+    assert f"lock not granted in {partitions.LOCK_TIMEOUT}, trying again; the oldest" in caplog.text
     assert f"pid {holder} " in caplog.text
 
     assert missing in partitions.ensure_partitions(later)
