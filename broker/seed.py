@@ -261,36 +261,57 @@ def _max_per_second(key: str, options: dict[str, str]) -> float | Unset | None:
 
 @transaction.atomic
 def apply_seed(seed: Seed) -> list[str]:
-    """Create or update everything the seed names; return one line per resource."""
-    report = [_apply_resource(Channel, item) for item in seed.channels]
-    report += [_apply_resource(Producer, item) for item in seed.producers]
-    report += [_apply_consumer(item) for item in seed.consumers]
+    """Create or update everything the seed names; return one line per resource, and one more
+    per token generated for it."""
+    report: list[str] = []
+    for channel in seed.channels:
+        report += _apply_resource(Channel, channel)
+    for producer in seed.producers:
+        report += _apply_resource(Producer, producer)
+    for consumer in seed.consumers:
+        report += _apply_consumer(consumer)
     return report
 
 
-def _apply_resource(model: type[Channel] | type[Producer], item: SeedResource) -> str:
+def _generated_token(
+    label: str, given: str | None, instance: TokenProtected | Consumer
+) -> list[str]:
+    """The line showing the token this load generated for the resource, if it generated one.
+
+    Tokens are stored hashed (channels, producers) or encrypted (consumers) and no page shows them:
+    without this line nobody could use a resource the file gives no token. `plain_token` is set
+    only by set_token, so a resource that kept its token prints nothing on a later load."""
+    if given is not None or instance.plain_token is None:
+        return []
+    return [f"{label}: token {instance.plain_token}"]
+
+
+def _apply_resource(model: type[Channel] | type[Producer], item: SeedResource) -> list[str]:
     label = f"{model.__name__.lower()} {item.id}"
     instance: TokenProtected | None = model.objects.filter(pk=item.id).first()
     if instance is None:
         instance = model(id=item.id, name=item.name)
-        token = instance.set_token(item.token)
+        instance.set_token(item.token)
         instance.save(force_insert=True)
         _allow_channels(instance, item)
-        # Generated tokens are stored hashed: this is the only time anyone can read them.
-        return f"{label}: created" + ("" if item.token else f" with generated token {token}")
+        return [f"{label}: created", *_generated_token(label, item.token, instance)]
+    # A row made without a token (not through the API, the admin or a seed) accepts none: give
+    # it one rather than leave it unusable.
+    needs_token = item.token is None and not instance.token_hash
     changed = (
         instance.name != item.name
         or (item.token is not None and not instance.check_token(item.token))
+        or needs_token
         or _channels_differ(instance, item)
     )
     if not changed:
-        return f"{label}: unchanged"
+        return [f"{label}: unchanged"]
     instance.name = item.name
-    if item.token is not None:
+    if item.token is not None or needs_token:
         instance.set_token(item.token)
     instance.save()
     _allow_channels(instance, item)
-    return f"{label}: updated"
+    return [f"{label}: updated", *_generated_token(label, item.token, instance)]
 
 
 def _channels_differ(instance: TokenProtected, item: SeedResource) -> bool:
@@ -306,7 +327,7 @@ def _allow_channels(instance: TokenProtected, item: SeedResource) -> None:
         set_allowed_channels(instance, item.channels)
 
 
-def _apply_consumer(item: SeedConsumer) -> str:
+def _apply_consumer(item: SeedConsumer) -> list[str]:
     label = f"consumer {item.channel}/{item.id}"
     wanted: dict[str, Any] = {"name": item.id, "callback_url": item.callback_url, "type": item.type}
     if item.event_types is not None:
@@ -316,18 +337,20 @@ def _apply_consumer(item: SeedConsumer) -> str:
     consumer = Consumer.objects.filter(channel_id=item.channel, public_id=item.id).first()
     if consumer is None:
         consumer = Consumer(channel_id=item.channel, public_id=item.id, **wanted)
-        if item.token is not None:
-            consumer.token = item.token
+        consumer.set_token(item.token)  # as the API does: the file's token, else a random one
         consumer.save(force_insert=True)
-        return f"{label}: created"
+        return [f"{label}: created", *_generated_token(label, item.token, consumer)]
     if item.token is not None and not consumer.check_token(item.token):
         wanted["token"] = item.token
     changed = {name: value for name, value in wanted.items() if getattr(consumer, name) != value}
-    if not changed:
-        return f"{label}: unchanged"
+    needs_token = item.token is None and not consumer.token  # as for channels: give it one
+    if not changed and not needs_token:
+        return [f"{label}: unchanged"]
     for name, value in changed.items():
         setattr(consumer, name, value)
+    if needs_token:
+        consumer.set_token()
     if "max_per_second" in changed:
         consumer.next_slot_at = None  # slots booked at the old rate do not hold the new one back
     consumer.save()
-    return f"{label}: updated"
+    return [f"{label}: updated", *_generated_token(label, item.token, consumer)]

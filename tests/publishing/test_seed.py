@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -53,12 +54,19 @@ def load(tmp_path: Path, text: str) -> str:
     return out.getvalue()
 
 
+def printed_token(output: str, label: str) -> str:
+    """The token load_seed printed for a resource (`channel orders`, `consumer orders/billing`)."""
+    found: list[str] = re.findall(rf"^{re.escape(label)}: token (\S+)$", output, re.MULTILINE)
+    assert len(found) == 1, output
+    return found[0]
+
+
 def snapshot() -> list[tuple[object, ...]]:
     return [
         *Channel.objects.order_by("pk").values_list("pk", "name", "token_hash", "changed_at"),
         *Producer.objects.order_by("pk").values_list("pk", "name", "token_hash", "changed_at"),
         *Consumer.objects.order_by("pk").values_list(
-            "channel_id", "public_id", "callback_url", "type", "changed_at"
+            "channel_id", "public_id", "callback_url", "type", "token", "changed_at"
         ),
     ]
 
@@ -71,9 +79,8 @@ def test_good_file_creates_everything(tmp_path):
     assert orders.check_token("orders-channel-token")
     audit = Channel.objects.get(pk="Audit_Log-2")
     assert audit.name == "Audit_Log-2"  # an empty name falls back to the ID
-    assert "channel Audit_Log-2: created with generated token " in output
-    generated = output.split("channel Audit_Log-2: created with generated token ")[1].split()[0]
-    assert audit.check_token(generated)
+    assert "channel Audit_Log-2: created\n" in output
+    assert audit.check_token(printed_token(output, "channel Audit_Log-2"))
     shop = Producer.objects.get(pk="shop")
     assert (shop.name, shop.check_token("shop-token")) == ("The Shop", True)
     billing = Consumer.objects.get(channel=orders, public_id="billing")
@@ -81,7 +88,9 @@ def test_good_file_creates_everything(tmp_path):
     assert (billing.type, billing.token) == ("push", "billing-token")
     auditor = Consumer.objects.get(channel=audit, public_id="auditor")
     assert auditor.type == "pull"
-    assert len(auditor.token) >= 32  # generated
+    assert auditor.check_token(printed_token(output, "consumer Audit_Log-2/auditor"))
+    # Only the tokens the file leaves out are printed (given ones are the operator's already).
+    assert output.count(": token ") == 2
 
 
 def test_reloading_the_same_file_changes_nothing(tmp_path):
@@ -92,7 +101,7 @@ def test_reloading_the_same_file_changes_nothing(tmp_path):
 
     assert snapshot() == before
     assert output.count("unchanged") == 5
-    assert "generated token" not in output  # generated tokens are kept, not rotated
+    assert ": token " not in output  # generated tokens are kept, not rotated nor shown again
 
 
 def test_reloading_an_edited_file_updates_what_changed(tmp_path):
@@ -116,6 +125,97 @@ def test_legacy_consumer_token_section_is_accepted(tmp_path):
     load(tmp_path, seed)
 
     assert Consumer.objects.get(public_id="auditor").token == "legacy-token"
+
+
+# --- Tokens the file leaves out: generated, printed once ----------------------------------------
+
+FORM = "application/x-www-form-urlencoded"
+TOKENLESS_SEED = """
+[initial-channels]
+orders=Orders
+
+[initial-producers]
+shop=Shop
+
+[initial-consumers]
+worker=http://worker.example.com/unused
+
+[worker]
+channel=orders
+type=pull
+"""
+
+
+def test_printed_tokens_let_a_seeded_producer_publish_and_pull_consumer_claim(client, tmp_path):
+    output = load(tmp_path, TOKENLESS_SEED)
+
+    channel_token = printed_token(output, "channel orders")
+    producer_token = printed_token(output, "producer shop")
+    consumer_token = printed_token(output, "consumer orders/worker")
+    assert len({channel_token, producer_token, consumer_token}) == 3
+    assert min(map(len, [channel_token, producer_token, consumer_token])) >= 43  # 256 bits
+    published = client.post(
+        "/channel/orders/broadcast",
+        b'{"order": 1}',
+        content_type="application/json",
+        headers={
+            "X-Broker-Channel-Token": channel_token,
+            "X-Broker-Producer-ID": "shop",
+            "X-Broker-Producer-Token": producer_token,
+            "X-Broker-Message-ID": "order-1",
+        },
+    )
+    assert published.status_code == 201
+    claim_url = "/channel/orders/consumer/worker/claim"
+    wrong = {"X-Broker-Channel-Token": channel_token, "X-Broker-Consumer-Token": "guess"}
+    assert client.post(claim_url, "", content_type=FORM, headers=wrong).status_code == 403
+
+    pull_headers = {
+        "X-Broker-Channel-Token": channel_token,
+        "X-Broker-Consumer-Token": consumer_token,
+    }
+    claimed = client.post(claim_url, "", content_type=FORM, headers=pull_headers)
+
+    assert claimed.status_code == 200
+    assert [job["Message"]["MessageID"] for job in claimed.json()["Result"]] == ["order-1"]
+
+
+def test_a_second_load_prints_no_token_and_the_first_ones_still_work(client, tmp_path):
+    first = load(tmp_path, TOKENLESS_SEED)
+    before = snapshot()
+
+    output = load(tmp_path, TOKENLESS_SEED)
+
+    assert output.splitlines() == [
+        "channel orders: unchanged",
+        "producer shop: unchanged",
+        "consumer orders/worker: unchanged",
+    ]
+    assert snapshot() == before
+    headers = {
+        "X-Broker-Channel-Token": printed_token(first, "channel orders"),
+        "X-Broker-Consumer-Token": printed_token(first, "consumer orders/worker"),
+    }
+    assert client.get("/channel/orders/consumer/worker/queued-jobs", headers=headers).json() == {
+        "Result": []
+    }
+
+
+def test_an_existing_row_without_a_token_gets_one_printed(tmp_path):
+    load(tmp_path, TOKENLESS_SEED)
+    # Rows written without set_token (a data migration, a shell): no token can match them.
+    Channel.objects.filter(pk="orders").update(token_hash="")
+    Consumer.objects.filter(public_id="worker").update(token="")
+
+    output = load(tmp_path, TOKENLESS_SEED)
+
+    assert "channel orders: updated" in output
+    assert "producer shop: unchanged" in output
+    assert "consumer orders/worker: updated" in output
+    assert Channel.objects.get(pk="orders").check_token(printed_token(output, "channel orders"))
+    worker = Consumer.objects.get(public_id="worker")
+    assert worker.check_token(printed_token(output, "consumer orders/worker"))
+    assert output.count(": token ") == 2
 
 
 @pytest.mark.parametrize(

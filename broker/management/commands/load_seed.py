@@ -9,7 +9,10 @@ from broker.seed import SeedError, apply_seed, parse_seed
 
 
 class Command(BaseCommand):
-    help = "Load channels, producers and consumers from a webhook-broker INI seed file."
+    help = (
+        "Load channels, producers and consumers from a webhook-broker INI seed file. Prints a "
+        "line per resource, and the tokens it generated for those the file gives none, once."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", type=Path)
