@@ -68,9 +68,12 @@ class AdminUnlessPublic(BasePermission):
 
     public_setting: str
 
+    def is_public(self) -> bool:
+        """Whether the setting opens the endpoint now (the OpenAPI schema asks too)."""
+        return bool(getattr(broker_settings, self.public_setting))
+
     def has_permission(self, request: Request, view: Any) -> bool:
-        public = bool(getattr(broker_settings, self.public_setting))
-        return public or IsBrokerAdmin().has_permission(request, view)
+        return self.is_public() or IsBrokerAdmin().has_permission(request, view)
 
 
 class IsAdminUnlessPublicStatus(AdminUnlessPublic):

@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter
+
+from broker.api.auth import AdminUnlessPublic
 
 # Every operation may answer these, with the {"Error": ...} body (docs/api.md has which when).
 ERROR_STATUSES = {
@@ -34,6 +37,23 @@ class AdminTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyp
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {"type": "http", "scheme": "bearer", "description": "BROKER_ADMIN_TOKENS or API key"}
+
+
+class BrokerAutoSchema(AutoSchema):
+    """The schema inspector (REST_FRAMEWORK's DEFAULT_SCHEMA_CLASS): drf-spectacular's, except that
+    an endpoint a setting opens to anyone (AdminUnlessPublic: `/_status` by default, `/metrics`
+    with BROKER_PUBLIC_METRICS=true) shows no security requirement while it is open, like the
+    endpoints without authentication. drf-spectacular alone lists the admin token there, inferred
+    from the authentication classes these views keep for when the setting closes them. The
+    schema is made for each request, so it follows the setting."""
+
+    def get_auth(self) -> list[dict[str, Any]]:
+        permissions = self.view.get_permissions()  # all must allow a request, as in DRF
+        if permissions and all(
+            isinstance(p, AdminUnlessPublic) and p.is_public() for p in permissions
+        ):
+            return []
+        return super().get_auth()
 
 
 def add_error_responses(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:

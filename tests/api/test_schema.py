@@ -44,6 +44,32 @@ def test_schema_is_served_and_describes_every_endpoint(client):
     assert schema["components"]["securitySchemes"]["adminToken"]["scheme"] == "bearer"
 
 
+def operation(client, path, method="get"):
+    schema = client.get("/api/schema/", headers={"Accept": "application/json"}).json()
+    return schema["paths"][path][method]
+
+
+ADMIN_TOKEN_REQUIREMENT: dict[str, list[str]] = {"adminToken": []}
+
+
+def test_status_needs_no_credentials_in_the_schema_and_admin_endpoints_still_do(client):
+    # No security requirement is what drf-spectacular emits for the public broadcast too.
+    assert "security" not in operation(client, "/_status")
+    for path in ("/producers", "/metrics"):
+        security = operation(client, path)["security"]
+        assert ADMIN_TOKEN_REQUIREMENT in security, path
+        assert {} not in security, path  # an empty requirement would make the token optional
+
+
+def test_the_schema_follows_the_settings_that_open_and_close_status_and_metrics(client, settings):
+    settings.BROKER_PUBLIC_STATUS = False
+    settings.BROKER_PUBLIC_METRICS = True
+
+    assert ADMIN_TOKEN_REQUIREMENT in operation(client, "/_status")["security"]
+    assert "security" not in operation(client, "/metrics")
+    assert "security" not in operation(client, "/channel/{channel_id}/broadcast", "post")
+
+
 @pytest.mark.parametrize("url", ["/api/docs/", "/api/redoc/"])
 def test_browsable_docs_use_locally_served_assets(client, url):
     page = client.get(url).content.decode()
