@@ -262,10 +262,10 @@ def run_archive(
         if not config.retention_days:
             return ArchiveResult()  # retention 0 keeps everything
         until = (now or datetime.now(UTC)) - timedelta(days=config.retention_days)
-    with store.connect(config) as conn:
-        store.ensure_tables(conn)
-        if not batch_store.try_archive_lock(conn):
+    with store.connect(config) as conn, batch_store.archive_lock(conn) as locked:
+        if not locked:
             raise ArchiveBusy("another archive run is in progress")
+        store.ensure_tables(conn)
         batch_store.register_archive(conn, until)
         parquet = ParquetStaging(spark, config, checkpoint)
         archiver = Archiver(

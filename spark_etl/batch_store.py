@@ -4,10 +4,13 @@ deletion with what the models' on_delete does to the rows referring to them (`ta
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from spark_etl.store import ARCHIVE_LOCK, Connection, set_watermark
@@ -61,10 +64,22 @@ def register_archive(conn: Connection, cutoff: datetime) -> None:
     set_watermark(conn, ARCHIVE_REGISTRATION, cutoff)
 
 
-def try_archive_lock(conn: Connection) -> bool:
-    """Held by this connection until it closes (a crashed run's lock goes with its connection)."""
+@contextmanager
+def archive_lock(conn: Connection) -> Iterator[bool]:
+    """Whether this connection got the archive's lock; held until the block ends. Released
+    explicitly, not left to the connection's close: a server process lets its locks go only as
+    it exits, after the client has moved on, and a run that follows at once (a retry after a
+    failed step) would find the lock still held. A crashed run's lock goes with its connection."""
     row = conn.execute("SELECT pg_try_advisory_lock(%s)", [ARCHIVE_LOCK]).fetchone()
-    return bool(row and row[0])
+    locked = bool(row and row[0])
+    try:
+        yield locked
+    finally:
+        if locked and not conn.broken:
+            # Not over the error that ended the run: an unlock that fails leaves the lock to
+            # the connection's close, as a crash does.
+            with suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", [ARCHIVE_LOCK])
 
 
 def unfinished_batches(conn: Connection) -> list[Batch]:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -24,6 +25,7 @@ from broker.models import Message, PeriodicMessage
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from spark_etl import pipeline
+from spark_etl.store import ARCHIVE_LOCK
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.spark.conftest import spark_test
 
@@ -236,3 +238,22 @@ def test_a_job_requeued_during_the_archive_keeps_its_message(spark, etl_config):
     assert dead.status == "QUEUED"  # the job, its message and attempts are all still there
     assert DeliveryAttempt.objects.filter(job=dead).exists()
     assert not Message.objects.filter(pk__in=archived - {dead.message_id}).exists()
+
+
+def test_one_run_at_a_time_and_a_failed_runs_lock_is_free_at_once(spark, etl_config):
+    """The lock is let go as the run ends, not when its server process gets round to exiting:
+    a retry right after a failed step found it still held on a busy machine."""
+    old_and_new_history()
+    with psycopg.connect(**etl_config.database.psycopg_kwargs(), autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [ARCHIVE_LOCK])
+        with pytest.raises(pipeline.ArchiveBusy):
+            pipeline.run_archive(spark, etl_config)
+
+    def crash(step: str) -> None:
+        raise SimulatedCrash(step)
+
+    with pytest.raises(SimulatedCrash):
+        pipeline.run_archive(spark, etl_config, checkpoint=crash)
+    with psycopg.connect(**etl_config.database.psycopg_kwargs(), autocommit=True) as other:
+        taken = other.execute("SELECT pg_try_advisory_lock(%s)", [ARCHIVE_LOCK]).fetchone()
+    assert taken == (True,)
