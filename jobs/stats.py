@@ -3,9 +3,10 @@ success rates, latencies and charts; docs/ui-dashboard.md).
 
 Counting `DeliveryAttempt` when a page is shown does not scale (a day at 2,000 deliveries/s is
 170M rows), so `refresh_delivery_stats` keeps `DeliveryStats` rows: per consumer and minute, and
-per consumer and hour, the attempts, how many were delivered (2xx) and failed, and a histogram of
-the delivered ones' publish-to-delivery latency in fixed log-spaced buckets, so that the
-percentiles of any period can be estimated by adding histograms up.
+per consumer and hour, the attempts, how many were delivered (2xx) and failed, the failed ones
+by status-code class (3xx, 4xx, 5xx, no answer: a consumer's page), and a histogram of the
+delivered ones' publish-to-delivery latency in fixed log-spaced buckets, so that the percentiles
+of any period can be estimated by adding histograms up.
 
 The refresh recounts whole minutes from the attempts, by `started_at`: always the trailing few
 minutes (attempts are recorded when their answer comes, up to a delivery timeout after they
@@ -19,13 +20,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import (
     Case,
+    CharField,
     Count,
     F,
     FloatField,
@@ -41,6 +43,12 @@ from django.db.models.expressions import Func
 from django.db.models.functions import Cast, Coalesce, Floor, Greatest, Least, Ln, TruncMinute
 from django.utils import timezone
 
+# Tally, bucket_estimate_ms and latency_bucket are re-exported ("as"): the UI and the tests read
+# them through this module, the rollup's owner.
+from jobs.delivery_tally import BUCKETS_PER_LN, FAILURE_CLASSES, LAST_BUCKET, ROUNDING_EPSILON
+from jobs.delivery_tally import Tally as Tally
+from jobs.delivery_tally import bucket_estimate_ms as bucket_estimate_ms
+from jobs.delivery_tally import latency_bucket as latency_bucket
 from jobs.models import DeliveryAttempt, DeliveryStats
 from jobs.queue.rules import lease_length
 
@@ -49,73 +57,6 @@ HOUR = DeliveryStats.Span.HOUR
 KEPT = {MINUTE: timedelta(days=2), HOUR: timedelta(days=8)}  # then deleted by the refresh
 CHUNK = timedelta(hours=1)  # attempts recounted per transaction when catching up
 LOCK_ID = 0x6272_6F6B_6572_5354  # pg_advisory_xact_lock key of the refresh ("brokerST")
-
-# Latency buckets: 8 per decade of milliseconds, bucket k holding [10^(k/8), 10^((k+1)/8)) ms,
-# so an estimate taken from a bucket's middle is within 16% of the truth. Bucket 0 also holds
-# anything under 1.33 ms (clock skew between hosts can even make latencies negative); the last
-# one anything from 10^8 ms (28 hours) up.
-BUCKETS_PER_DECADE = 8
-LAST_BUCKET = 8 * BUCKETS_PER_DECADE
-_BUCKETS_PER_LN = BUCKETS_PER_DECADE / math.log(10)
-_EPSILON = 1e-9  # so that rounding cannot put exactly 10 ms (a bucket's lower edge) below it
-
-
-def latency_bucket(latency_ms: float) -> int:
-    """The bucket of a latency, as the refresh's SQL computes it."""
-    return min(math.floor(math.log(max(latency_ms, 1.0)) * _BUCKETS_PER_LN + _EPSILON), LAST_BUCKET)
-
-
-def bucket_estimate_ms(bucket: int) -> float:
-    """The latency that stands for a bucket: its geometric middle (the last: its lower edge)."""
-    if bucket >= LAST_BUCKET:
-        return float(10 ** (LAST_BUCKET / BUCKETS_PER_DECADE))
-    return float(10 ** ((bucket + 0.5) / BUCKETS_PER_DECADE))
-
-
-@dataclass
-class Tally:
-    """Attempts of some consumers over some period, added up from rollup rows."""
-
-    attempts: int = 0
-    delivered: int = 0
-    failed: int = 0
-    histogram: Counter[int] = field(default_factory=Counter)
-
-    def add(self, other: Tally | DeliveryStats) -> None:
-        if isinstance(other, Tally):
-            self.count(other.attempts, other.delivered, other.failed)
-            self.histogram.update(other.histogram)
-        else:
-            self.count(other.attempts, other.delivered, other.failed, other.latency_histogram)
-
-    def count(
-        self, attempts: int, delivered: int, failed: int, histogram: dict[str, int] | None = None
-    ) -> None:
-        """Add a rollup row's figures; its stored histogram (bucket numbers as text) if given."""
-        self.attempts += attempts
-        self.delivered += delivered
-        self.failed += failed
-        for bucket, deliveries in (histogram or {}).items():
-            self.histogram[int(bucket)] += deliveries
-
-    @property
-    def success_rate(self) -> float | None:
-        """Delivered attempts out of all attempts (0..1); None without attempts."""
-        return self.delivered / self.attempts if self.attempts else None
-
-    def latency_ms(self, quantile: float) -> float | None:
-        """Estimated latency percentile (quantile 0..1) of the delivered attempts."""
-        total = sum(self.histogram.values())
-        if not total:
-            return None
-        rank = max(1, math.ceil(quantile * total))  # the rank-th fastest delivery
-        seen = 0
-        for bucket in sorted(self.histogram):
-            seen += self.histogram[bucket]
-            if seen >= rank:
-                return bucket_estimate_ms(bucket)
-        raise AssertionError("unreachable: the ranks add up to total")
-
 
 # --- refresh ------------------------------------------------------------------------------------
 
@@ -204,21 +145,23 @@ Key = tuple[int, datetime]  # (consumer ID, period start)
 
 def _count_attempts(start: datetime, end: datetime | None) -> dict[Key, Tally]:
     tallies: dict[Key, Tally] = {}
-    for consumer_id, minute, bucket, n in attempt_counts(start, end):
+    for consumer_id, minute, status_class, bucket, n in attempt_counts(start, end):
         tally = tallies.setdefault((consumer_id, minute), Tally())
         tally.attempts += n
-        if bucket is None:
-            tally.failed += n
-        else:
+        if status_class == "2xx":
             tally.delivered += n
             tally.histogram[int(bucket)] += n
+        else:
+            tally.failed += n
+            if status_class in FAILURE_CLASSES:
+                tally.failures[status_class] += n
     return tallies
 
 
 def attempt_counts(start: datetime, end: datetime | None) -> QuerySet[DeliveryAttempt, Any]:
-    """(consumer ID, minute, latency bucket or None if failed, attempts): one grouped query over
-    the attempts started in [start, end), found through attempt_started_idx, joined to their
-    jobs and messages by primary key."""
+    """(consumer ID, minute, status-code class, latency bucket or None if failed, attempts): one
+    grouped query over the attempts started in [start, end), found through attempt_started_idx,
+    joined to their jobs and messages by primary key."""
     attempts = DeliveryAttempt.objects.filter(started_at__gte=start)
     if end is not None:
         attempts = attempts.filter(started_at__lt=end)
@@ -226,14 +169,29 @@ def attempt_counts(start: datetime, end: datetime | None) -> QuerySet[DeliveryAt
         attempts.values(
             consumer=F("job__consumer_id"),
             minute=TruncMinute("started_at", tzinfo=UTC),
+            status_class=_status_class_sql(),
             bucket=Case(When(_DELIVERED, then=_latency_bucket_sql()), default=None),
         )
         .annotate(n=Count("pk"))
-        .values_list("consumer", "minute", "bucket", "n")
+        .values_list("consumer", "minute", "status_class", "bucket", "n")
     )
 
 
 _DELIVERED = Q(status_code__gte=200, status_code__lt=300)
+
+
+def _status_class_sql() -> Case:
+    """ "2xx", a key of FAILURE_CLASSES, or "other" (a status outside 200..599)."""
+    hundreds = [
+        When(Q(status_code__gte=low, status_code__lt=low + 100), then=Value(f"{low // 100}xx"))
+        for low in (200, 300, 400, 500)
+    ]
+    return Case(
+        When(status_code__isnull=True, then=Value("no answer")),
+        *hundreds,
+        default=Value("other"),
+        output_field=CharField(),
+    )
 
 
 class MillisecondsBetween(Func):
@@ -250,7 +208,7 @@ def _latency_bucket_sql() -> Least:
     due at scheduled_for (as spark_etl's report counts it)."""
     published = Coalesce(F("job__message__scheduled_for"), F("job__message__received_at"))
     latency = MillisecondsBetween(F("started_at"), published) + F("duration_ms")
-    scaled = Ln(Greatest(latency, Value(1.0))) * Value(_BUCKETS_PER_LN) + Value(_EPSILON)
+    scaled = Ln(Greatest(latency, Value(1.0))) * Value(BUCKETS_PER_LN) + Value(ROUNDING_EPSILON)
     return Least(Cast(Floor(scaled), IntegerField()), Value(LAST_BUCKET))
 
 
@@ -270,6 +228,7 @@ def _replace(
             delivered=tally.delivered,
             failed=tally.failed,
             latency_histogram={str(k): n for k, n in sorted(tally.histogram.items())},
+            **{column: tally.failures[name] for name, column in FAILURE_CLASSES.items()},
         )
         for (consumer_id, period_start), tally in tallies.items()
     )
@@ -329,8 +288,14 @@ class Recent:
         return tally.delivered / max((self.until - self.since).total_seconds(), 1.0)
 
 
-def recent(span: DeliveryStats.Span, periods: int, now: datetime | None = None) -> Recent:
-    """The last `periods` minutes or hours, the current one included.
+def recent(
+    span: DeliveryStats.Span,
+    periods: int,
+    now: datetime | None = None,
+    consumer_id: int | None = None,
+) -> Recent:
+    """The last `periods` minutes or hours, the current one included; of every consumer, or of
+    the one `consumer_id` (its page: per period, its own figures).
 
     The counts are added up by the database, per consumer and per period; only the latency
     histograms come back row by row, each added to its consumer's alone (the total's is its
@@ -340,27 +305,39 @@ def recent(span: DeliveryStats.Span, periods: int, now: datetime | None = None) 
     now = now or timezone.now()
     since = _floor(now, span) - timedelta(seconds=span * (periods - 1))
     rows = DeliveryStats.objects.filter(span=span, period_start__gte=since).order_by()
-    per_consumer = {
-        consumer_id: Tally(attempts, delivered, failed)
-        for consumer_id, attempts, delivered, failed in _sums_by(rows, "consumer_id")
-    }
-    for consumer_id, histogram in rows.values_list("consumer_id", "latency_histogram"):
-        per_consumer[consumer_id].count(0, 0, 0, histogram)
+    if consumer_id is not None:  # through delivery_stats_unique (consumer, span, period_start)
+        rows = rows.filter(consumer_id=consumer_id)
+    per_consumer = dict(_sums_by(rows, "consumer_id"))
+    for row_consumer, histogram in rows.values_list("consumer_id", "latency_histogram"):
+        per_consumer[row_consumer].count(0, 0, 0, histogram)
     per_period = {since + timedelta(seconds=span * i): Tally() for i in range(periods)}
-    for start, attempts, delivered, failed in _sums_by(rows, "period_start"):
-        per_period.setdefault(_floor(start, span), Tally()).count(attempts, delivered, failed)
+    for start, tally in _sums_by(rows, "period_start"):
+        per_period.setdefault(_floor(start, span), Tally()).add(tally)
     total = Tally()
     for tally in per_consumer.values():
         total.add(tally)
     return Recent(since, now, per_consumer, per_period, total)
 
 
-def _sums_by(rows: QuerySet[DeliveryStats], column: str) -> list[tuple[Any, int, int, int]]:
-    """The rows' attempts, deliveries and failures added up per value of `column`."""
-    sums = rows.values(column).annotate(
-        sum_attempts=Sum("attempts"), sum_delivered=Sum("delivered"), sum_failed=Sum("failed")
-    )
-    return list(sums.values_list(column, "sum_attempts", "sum_delivered", "sum_failed"))
+_SUMMED = ["attempts", "delivered", "failed", *FAILURE_CLASSES.values()]
+
+
+def _sums_by(rows: QuerySet[DeliveryStats], column: str) -> list[tuple[Any, Tally]]:
+    """The rows' attempts, deliveries and failures (per class too) added up per value of
+    `column`; no histograms."""
+    sums = rows.values(column).annotate(**{f"sum_{name}": Sum(name) for name in _SUMMED})
+    return [
+        (
+            values[column],
+            Tally(
+                values["sum_attempts"],
+                values["sum_delivered"],
+                values["sum_failed"],
+                failures=Counter({name: values[f"sum_{c}"] for name, c in FAILURE_CLASSES.items()}),
+            ),
+        )
+        for values in sums
+    ]
 
 
 def last_counted_minute() -> datetime | None:

@@ -1,17 +1,72 @@
 """The consumer pages' forms: a consumer's settings as the operator types them, turned into the
-form that consumers/services.py validates for the API, the UI and the admin alike."""
+form that consumers/services.py validates for the API, the UI and the admin alike.
+
+The fields are shown in four groups (`FIELDSETS`: where, what, how fast, how safe); a blank
+setting's help says what it means as a value ("30 s, 2 min, …", "100"), read from the settings
+in effect, not as the name of the environment variable that holds it (`defaults`). A new
+consumer's event types can also be ticked in its channel's catalogue (`catalogued_types`); the
+ticked ones join the typed patterns and go through the same validation (services.EVENT_TYPES).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from itertools import groupby
+from operator import attrgetter
+from typing import Any, cast
 
 from django import forms
 
-from broker.models import Channel, is_resource_id
+from broker.conf import broker_settings
+from broker.models import Channel, EventType, is_resource_id
 from consumers import services
 from consumers.models import Consumer
 from consumers.services import SettingFormField
+from jobs.queue.rules import DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER
+
+# The form's groups, in order: (legend, the fields in it). A field a form lacks (the channel of
+# an edit, the secret without the permission to set one) is left out of its group.
+FIELDSETS = [
+    ("Where", ["channel", "consumer_id", "name", "type", "callback_url"]),
+    ("What", ["event_types", "catalogued_types", "ordering"]),
+    ("How fast", ["max_in_flight", "max_per_second"]),
+    (
+        "How safe",
+        ["retry_delays", "non_retryable_statuses", "max_job_age", "token", "signing_secret"],
+    ),
+]
+# Bounds of the new-consumer form's suggestions, one query each: channels offered in the
+# channel field's list, catalogue entries offered as checkboxes (a bigger catalogue's other types
+# are typed).
+CHANNELS_SUGGESTED = 500
+CATALOGUE_SHOWN = 500
+_UNITS = [(86400, "days", "day"), (3600, "h", "h"), (60, "min", "min"), (1, "s", "s")]
+
+
+def seconds_text(seconds: int) -> str:
+    """30 -> "30 s", 120 -> "2 min", 259200 -> "3 days": the largest unit it is a whole number
+    of."""
+    size, plural, one = next(unit for unit in _UNITS if seconds % unit[0] == 0 or unit[0] == 1)
+    count = seconds // size
+    return f"{count} {one if count == 1 else plural}"
+
+
+def defaults() -> dict[str, str]:
+    """What a blank setting means, as values: the settings in effect now (docs/configuration.md
+    names the variables behind them)."""
+    age = broker_settings.BROKER_MAX_JOB_AGE_SECONDS
+    return {
+        "retry_delays": _retries_text(broker_settings.BROKER_RETRY_DELAYS),
+        "max_in_flight": str(DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER),
+        "max_job_age": seconds_text(age) if age else "no limit",
+    }
+
+
+def _retries_text(delays: list[int]) -> str:
+    if not delays:
+        return "no retries (one attempt)"
+    return ", ".join(seconds_text(delay) for delay in delays) + f" ({len(delays) + 1} attempts)"
 
 
 class ConsumerSettingsForm(forms.Form):
@@ -29,7 +84,7 @@ class ConsumerSettingsForm(forms.Form):
     retry_delays = SettingFormField(
         services.RETRY_DELAYS,
         required=False,
-        help_text="Seconds before each retry, comma-separated. Blank: BROKER_RETRY_DELAYS.",
+        help_text="Seconds before each retry, comma-separated. Blank: {retry_delays}.",
     )
     non_retryable_statuses = SettingFormField(
         services.NON_RETRYABLE_STATUSES,
@@ -41,7 +96,7 @@ class ConsumerSettingsForm(forms.Form):
         services.MAX_IN_FLIGHT,
         label="Max in flight",
         required=False,
-        help_text="Concurrent deliveries. Blank: default.",
+        help_text="Concurrent push deliveries. Blank: {max_in_flight}.",
     )
     max_per_second = SettingFormField(
         services.MAX_PER_SECOND,
@@ -55,7 +110,7 @@ class ConsumerSettingsForm(forms.Form):
         label="Max job age",
         required=False,
         help_text="Seconds a push job may wait undelivered before it expires to the DLQ; 0: no "
-        "limit. Blank: BROKER_MAX_JOB_AGE_SECONDS.",
+        "limit. Blank: {max_job_age}.",
     )
     event_types = SettingFormField(
         services.EVENT_TYPES,
@@ -79,6 +134,21 @@ class ConsumerSettingsForm(forms.Form):
         "Blank: keep it.",
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        values = defaults()
+        for name, form_field in self.fields.items():
+            if name in values:
+                form_field.help_text = str(form_field.help_text).format(**values)
+
+    def fieldsets(self) -> list[Fieldset]:
+        """The form's fields in their groups (FIELDSETS), each group with the fields it has."""
+        groups = [
+            Fieldset(legend, [self[name] for name in names if name in self.fields])
+            for legend, names in FIELDSETS
+        ]
+        return [group for group in groups if group.fields]
+
     def api_form(self) -> dict[str, Any]:
         """The cleaned settings under the API's field names, as services.save_consumer takes
         them; a blank callback URL (on edit), token or secret is left out, which keeps the
@@ -97,12 +167,57 @@ class ConsumerSettingsForm(forms.Form):
         return form
 
 
+@dataclass
+class Fieldset:
+    legend: str
+    fields: list[forms.BoundField]
+
+
+@dataclass
+class CatalogueGroup:
+    """One channel's entries of the event type catalogue, as the new-consumer form offers them."""
+
+    channel_id: str
+    entries: list[EventType]
+
+
 class NewConsumerForm(ConsumerSettingsForm):
-    channel = forms.CharField(max_length=255)
+    channel = forms.CharField(
+        max_length=255,
+        widget=forms.TextInput(attrs={"list": "channel-suggestions", "autocomplete": "off"}),
+        help_text="An existing channel's ID: start typing to pick one.",
+    )
     consumer_id = forms.CharField(
         label="Consumer ID", max_length=255, help_text="Letters, digits, _ and -; not changeable."
     )
+    catalogued_types = forms.MultipleChoiceField(
+        label="From the catalogue",
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Ticked types are received as well as the patterns typed above.",
+    )
     field_order = ["channel", "consumer_id"]
+    catalogue_shown = CATALOGUE_SHOWN
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.channel_suggestions = list(
+            Channel.objects.only("id", "name").order_by("id")[:CHANNELS_SUGGESTED]
+        )
+        entries = list(
+            EventType.objects.only("channel_id", "name", "description").order_by(
+                "channel_id", "name"
+            )[: CATALOGUE_SHOWN + 1]  # the one more says whether there are more
+        )
+        self.catalogue_capped = len(entries) > CATALOGUE_SHOWN
+        del entries[CATALOGUE_SHOWN:]
+        self.catalogue_groups = [
+            CatalogueGroup(channel_id, list(group))
+            for channel_id, group in groupby(entries, key=attrgetter("channel_id"))
+        ]
+        # An entry is "channel/type" (EventType's str): a type never holds a "/".
+        ticks = cast(forms.MultipleChoiceField, self.fields["catalogued_types"])
+        ticks.choices = [(str(entry), entry.name) for entry in entries]
 
     def clean_channel(self) -> Channel:
         channel = Channel.objects.filter(pk=self.cleaned_data["channel"]).first()
@@ -115,6 +230,32 @@ class NewConsumerForm(ConsumerSettingsForm):
         if not is_resource_id(consumer_id):
             raise forms.ValidationError("Use 1 to 255 letters, digits, _ or -.")
         return consumer_id
+
+    def clean(self) -> dict[str, Any]:
+        """The ticked catalogue entries (values "channel/type", EventType's str) join the typed
+        event types, through the one validation of event types; an entry of another channel's
+        catalogue is refused."""
+        super().clean()
+        data = self.cleaned_data
+        ticked: list[str] = data.get("catalogued_types") or []
+        channel, typed = data.get("channel"), data.get("event_types")
+        if not ticked or channel is None or typed is None:
+            return data
+        names = []
+        for value in ticked:
+            channel_id, name = value.split("/", 1)
+            if channel_id != channel.pk:
+                self.add_error(
+                    "catalogued_types",
+                    f"{name} is in the catalogue of {channel_id}, not {channel.pk}.",
+                )
+                return data
+            names.append(name)
+        try:
+            data["event_types"] = services.EVENT_TYPES.clean(", ".join([*typed, *names]))
+        except forms.ValidationError as error:
+            self.add_error("event_types", error)
+        return data
 
 
 class EditConsumerForm(ConsumerSettingsForm):

@@ -35,7 +35,13 @@ from broker.ui.access import (
     require,
 )
 from broker.ui.consumer_attempts import recent_attempts
-from broker.ui.consumer_forms import ConsumerSettingsForm, EditConsumerForm, NewConsumerForm
+from broker.ui.consumer_figures import consumer_figures
+from broker.ui.consumer_forms import (
+    ConsumerSettingsForm,
+    EditConsumerForm,
+    NewConsumerForm,
+    defaults,
+)
 from broker.ui.delivery_state import delivery_states
 from consumers import services
 from consumers.models import Consumer
@@ -131,6 +137,8 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
         "received_types": received_types(consumer),
         "recent": recent_attempts(consumer, request.GET),
         "state": delivery_states([consumer], now)[consumer.pk],
+        "figures": consumer_figures(consumer, now),
+        "defaults": defaults(),
     }
     status = 400 if context["recent"].filters.errors else 200
     return render(request, "ui/consumer.html", context, status=status)

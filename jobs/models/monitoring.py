@@ -43,6 +43,12 @@ class DeliveryStats(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     delivered = models.PositiveIntegerField(default=0)  # answered 2xx
     failed = models.PositiveIntegerField(default=0)  # anything else
+    # The failed attempts by status-code class (a consumer's page shows them beside the 2xx of
+    # `delivered`); a status outside 300..599 counts in `failed` only.
+    status_3xx = models.PositiveIntegerField(default=0)
+    status_4xx = models.PositiveIntegerField(default=0)
+    status_5xx = models.PositiveIntegerField(default=0)
+    no_answer = models.PositiveIntegerField(default=0)  # timeout, refused connection, ...
     # Publish-to-delivery latency of the delivered attempts: {bucket number: count}, buckets as
     # jobs.stats.latency_bucket defines them; histograms add up, so any period's percentiles can
     # be estimated from its rows.

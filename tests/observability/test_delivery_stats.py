@@ -19,6 +19,7 @@ from django.db import connection, connections
 
 from broker.models import Channel, Message
 from consumers.models import Consumer
+from jobs.delivery_tally import FAILURE_CLASSES
 from jobs.models import DeliveryAttempt, DeliveryStats, Job
 from jobs.queue_depth import BoundedCount, queue_depths, status_totals
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
@@ -99,7 +100,15 @@ class History:
 
 
 Key = tuple[int, datetime]  # consumer ID, period start
-Figures = tuple[int, int, int, dict[int, int]]  # attempts, delivered, failed, latency histogram
+# attempts, delivered, failed, latency histogram, failures per status-code class
+Figures = tuple[int, int, int, dict[int, int], dict[str, int]]
+
+
+def failure_class(status_code: int | None) -> str | None:
+    """The class the rollup counts a failed attempt in, worked out independently; None: none."""
+    if status_code is None:
+        return "no answer"
+    return {3: "3xx", 4: "4xx", 5: "5xx"}.get(status_code // 100)
 
 
 def expected(sent: list[Sent], span: int) -> dict[Key, Figures]:
@@ -107,6 +116,7 @@ def expected(sent: list[Sent], span: int) -> dict[Key, Figures]:
     attempts: Counter[Key] = Counter()
     delivered: Counter[Key] = Counter()
     histograms: defaultdict[Key, Counter[int]] = defaultdict(Counter)
+    classes: defaultdict[Key, Counter[str]] = defaultdict(Counter)
     for attempt in sent:
         epoch = attempt.started_at.timestamp()
         key = (attempt.consumer_id, datetime.fromtimestamp(epoch - epoch % span, UTC))
@@ -114,8 +124,10 @@ def expected(sent: list[Sent], span: int) -> dict[Key, Figures]:
         if attempt.status_code is not None and 200 <= attempt.status_code < 300:
             delivered[key] += 1
             histograms[key][latency_bucket(attempt.latency_ms)] += 1
+        elif failure_class(attempt.status_code):
+            classes[key][str(failure_class(attempt.status_code))] += 1
     return {
-        key: (n, delivered[key], n - delivered[key], dict(histograms[key]))
+        key: (n, delivered[key], n - delivered[key], dict(histograms[key]), dict(classes[key]))
         for key, n in attempts.items()
     }
 
@@ -127,6 +139,11 @@ def stored(span: int) -> dict[Key, Figures]:
             row.delivered,
             row.failed,
             {int(k): n for k, n in row.latency_histogram.items()},
+            {
+                name: getattr(row, column)
+                for name, column in FAILURE_CLASSES.items()
+                if getattr(row, column)
+            },
         )
         for row in DeliveryStats.objects.filter(span=span)
     }
@@ -146,7 +163,7 @@ def test_minutes_and_hours_match_an_independent_count(history):
     rng = random.Random(7)  # noqa: S311 (a reproducible history, not a secret)
     for _ in range(120):
         started = at(11, 0) + timedelta(seconds=rng.uniform(0, 100 * 60))  # 11:00 to 12:40
-        status = rng.choice([200, 200, 200, 204, 500, 503, None])
+        status = rng.choice([200, 200, 200, 204, 301, 404, 429, 500, 503, None, 101])
         history.attempt(
             rng.choice([billing, audit]),
             started,
@@ -262,6 +279,42 @@ def test_recent_adds_up_the_rows_of_a_window(history):
     assert day.per_period[at(11, 0)].delivered == 2
 
 
+def test_recent_of_one_consumer_has_its_own_periods_and_status_classes(history):
+    billing, audit = history.consumer("billing"), history.consumer("audit")
+    for status in (200, 204, 302, 404, 410, 500, None, 101):
+        history.attempt(billing, at(12, 20), status)
+    history.attempt(audit, at(12, 20), 503)
+    refresh_delivery_stats(now=NOW)
+    # A row counted before the classes were: its failure is in no class.
+    DeliveryStats.objects.create(
+        consumer=billing, span=MINUTE, period_start=at(12, 30), attempts=1, failed=1
+    )
+
+    hour = recent(MINUTE, 60, now=NOW, consumer_id=billing.pk)
+
+    assert set(hour.per_consumer) == {billing.pk}
+    assert hour.per_period[at(12, 20)].attempts == 8  # audit's attempt is not in it
+    assert hour.per_period[at(12, 20)].failures == hour.total.failures
+    assert hour.total.status_classes() == {
+        "2xx": 2,
+        "3xx": 1,
+        "4xx": 2,
+        "5xx": 1,
+        "no answer": 1,
+        "other": 2,  # the 101, and the failure of the row without classes
+    }
+    day = recent(HOUR, 24, now=NOW, consumer_id=billing.pk)
+    assert day.total.status_classes()["4xx"] == 2
+    assert recent(HOUR, 24, now=NOW).total.failures["5xx"] == 2  # every consumer's
+    assert Tally(3, 3, 0).status_classes() == {
+        "2xx": 3,
+        "3xx": 0,
+        "4xx": 0,
+        "5xx": 0,
+        "no answer": 0,
+    }
+
+
 def test_latency_buckets_and_percentiles():
     assert latency_bucket(-40) == latency_bucket(0.5) == 0
     assert latency_bucket(10) == 8
@@ -284,7 +337,7 @@ def test_the_sql_latency_bucket_agrees_with_python(history):
     for latency in (0.2, 7.0, 55.0, 930.0, 12_000.0, 4_000_000.0):
         history.attempt(billing, at(12, 0), waited_ms=latency - 0.1, duration_ms=0.1)
     rows = attempt_counts(at(12, 0), None)
-    assert sorted(bucket for _, _, bucket, _ in rows) == sorted(
+    assert sorted(bucket for *_, bucket, _ in rows) == sorted(
         latency_bucket(sent.latency_ms) for sent in history.sent
     )
 
@@ -297,7 +350,7 @@ def test_a_scheduled_message_counts_its_latency_from_when_it_was_due(history):
         scheduled_for=at(12, 0) - timedelta(milliseconds=50),
     )
 
-    [(_, _, bucket, _)] = attempt_counts(at(12, 0), None)
+    [(*_, bucket, _)] = attempt_counts(at(12, 0), None)
 
     assert bucket == latency_bucket(60.0)
 

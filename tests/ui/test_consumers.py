@@ -18,14 +18,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from standardwebhooks import Webhook
 
-from broker.models import Message
+from broker.models import Message, Producer
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job
 from jobs.signing import signature_headers
 from jobs.states import DEAD, QUEUED
+from jobs.stats import refresh_delivery_stats
 from jobs.test_event import TEST_EVENT_HEADER
 from tests.conftest import FORM
-from tests.helpers import make_channel, make_consumer, make_job, make_operator
+from tests.helpers import make_channel, make_consumer, make_job, make_operator, make_producer
 from tests.receiver import Reply
 from tests.ui.paging import every_page
 
@@ -687,3 +688,246 @@ def test_the_page_lists_the_catalogued_types_it_receives(staff_client, billing):
 
     assert "<code>order.created</code>: An order was placed." in page
     assert "<code>invoice.paid</code>" not in page
+
+
+# Delivery figures (issue 38): from the per-minute statistics, before the settings
+
+
+def stats_attempt(consumer: Consumer, ago: timedelta, status_code: int | None) -> None:
+    """A push attempt of `consumer` that started `ago`, answered 120 ms after its publish."""
+    started_at = timezone.now() - ago
+    if not Producer.objects.filter(pk="shop").exists():
+        make_producer()
+    message = Message.objects.create(
+        channel_id=consumer.channel_id,
+        producer_id="shop",
+        public_id=f"attempted-{Message.objects.count()}",
+        payload=b"{}",
+        content_type="application/json",
+        status=Message.Status.DISPATCHED,
+        received_at=started_at - timedelta(milliseconds=100),
+    )
+    DeliveryAttempt.objects.create(
+        job=Job.objects.create(message=message, consumer=consumer, status=QUEUED),
+        consumer_id=consumer.pk,
+        attempt_number=1,
+        started_at=started_at,
+        duration_ms=20.0,
+        status_code=status_code,
+        error_class="" if status_code == 200 else "http-status",
+        dispatcher_id="d1",
+    )
+
+
+def figures_of(response) -> dict[str, list[str]]:
+    return {row.name: row.values for row in response.context["figures"].rows}
+
+
+def test_the_page_shows_delivery_figures_from_the_statistics(staff_client, billing):
+    other = make_consumer(billing.channel, "audit")
+    for status in (200, 200, 404, 503, None):
+        stats_attempt(billing, timedelta(minutes=5), status)
+    for _ in range(2):
+        stats_attempt(billing, timedelta(hours=3), 500)
+    stats_attempt(billing, timedelta(hours=3), 302)
+    stats_attempt(other, timedelta(minutes=5), 500)
+    refresh_delivery_stats()
+    DeliveryAttempt.objects.all().delete()  # the page reads the rollup, not the attempts
+
+    response = staff_client.get(PAGE)
+
+    figures = figures_of(response)
+    assert figures["attempts"] == ["5", "8"]
+    assert figures["class-2xx"] == ["2 (40.0%)", "2 (25.0%)"]
+    assert figures["class-3xx"] == ["0 (0.0%)", "1 (12.5%)"]
+    assert figures["class-4xx"] == ["1 (20.0%)", "1 (12.5%)"]
+    assert figures["class-5xx"] == ["1 (20.0%)", "3 (37.5%)"]
+    assert figures["class-no-answer"] == ["1 (20.0%)", "1 (12.5%)"]
+    assert "class-other" not in figures
+    assert figures["p50"] == figures["p95"] == ["≈ 115 ms", "≈ 115 ms"]  # 120 ms's bucket
+    page = response.content.decode()
+    assert "Delivered and failed per minute, last hour (UTC)" in page
+    assert "Delivered and failed per hour, last 24 hours (UTC)" in page
+    assert page.count('<svg xmlns="http://www.w3.org/2000/svg"') == 2
+
+
+def test_a_consumer_without_attempts_shows_empty_figures(staff_client, billing):
+    figures = figures_of(staff_client.get(PAGE))
+
+    assert figures["attempts"] == ["0", "0"]
+    assert figures["class-2xx"] == ["—", "—"]
+    assert figures["p95"] == ["—", "—"]
+
+
+def test_the_delivery_state_and_figures_come_before_the_settings(staff_client, billing):
+    page = shown(staff_client)
+
+    places = [page.index(f'id="{section}"') for section in ("delivery", "figures", "settings")]
+    assert places == sorted(places)
+    assert page.index('id="last-failure"') < page.index("<dt>Retry delays</dt>")
+
+
+def test_the_page_query_count_is_flat_in_the_statistics(staff_client, billing):
+    stats_attempt(billing, timedelta(minutes=1), 200)
+    refresh_delivery_stats()
+    with CaptureQueriesContext(connection) as before:
+        staff_client.get(PAGE)
+    for minutes in range(2, 600, 7):
+        stats_attempt(billing, timedelta(minutes=minutes), 200 if minutes % 3 else 503)
+    refresh_delivery_stats()
+    with CaptureQueriesContext(connection) as after:
+        staff_client.get(PAGE)
+
+    assert len(after) == len(before)
+
+
+def test_unset_settings_show_their_default_values(staff_client, billing, settings):
+    settings.BROKER_MAX_JOB_AGE_SECONDS = 2 * 86400
+
+    page = shown(staff_client)
+
+    assert "<dt>Max in flight</dt><dd>100 (default)</dd>" in page
+    assert "<dt>Max job age</dt><dd>2 days (default)</dd>" in page
+
+
+# The new consumer form (issue 38): groups, suggestions, the catalogue, defaults, copy buttons
+
+
+def test_the_form_groups_its_fields_and_marks_the_required_ones(staff_client):
+    make_channel("orders")
+
+    response = staff_client.get("/ui/consumers/new")
+
+    groups = response.context["form"].fieldsets()
+    assert [group.legend for group in groups] == ["Where", "What", "How fast", "How safe"]
+    assert [field.name for field in groups[0].fields] == [
+        *("channel", "consumer_id", "name", "type", "callback_url"),
+    ]
+    page = response.content.decode()
+    assert page.count("<legend>") == 4  # no catalogue: no channel legends
+    required = re.findall(r'<label for="id_(\w+)">[^<]*<span class="required-mark"', page)
+    assert required == ["channel", "consumer_id", "type", "callback_url", "ordering"]
+    assert 'name="callback_url"' in page
+    assert re.search(r'<input[^>]*name="consumer_id"[^>]*required', page)
+
+
+def test_the_form_names_default_values_not_variables(staff_client, settings):
+    settings.BROKER_RETRY_DELAYS = [30, 120, 3600, 86400]
+    settings.BROKER_MAX_JOB_AGE_SECONDS = 3 * 86400
+
+    form = staff_client.get("/ui/consumers/new").context["form"]
+
+    assert form.fields["retry_delays"].help_text.endswith(
+        "Blank: 30 s, 2 min, 1 h, 1 day (5 attempts)."
+    )
+    assert form.fields["max_in_flight"].help_text.endswith("Blank: 100.")
+    assert form.fields["max_job_age"].help_text.endswith("Blank: 3 days.")
+    assert "BROKER_" not in staff_client.get("/ui/consumers/new").content.decode()
+    settings.BROKER_RETRY_DELAYS = []
+    retries = staff_client.get("/ui/consumers/new").context["form"].fields["retry_delays"]
+    assert retries.help_text.endswith("Blank: no retries (one attempt).")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(1, "1 s"), (90, "90 s"), (120, "2 min"), (5400, "90 min"), (7200, "2 h"), (86400, "1 day")],
+)
+def test_seconds_are_written_in_the_largest_whole_unit(seconds, text):
+    from broker.ui.consumer_forms import seconds_text
+
+    assert seconds_text(seconds) == text
+
+
+def test_the_form_suggests_channels_and_offers_their_catalogues(staff_client):
+    from broker.models import EventType
+
+    make_channel("orders")
+    make_channel("refunds")
+    EventType.objects.create(channel_id="orders", name="order.created", description="Placed.")
+    EventType.objects.create(channel_id="refunds", name="refund.issued")
+
+    page = staff_client.get("/ui/consumers/new").content.decode()
+
+    assert '<input type="text" name="channel"' in page
+    assert 'list="channel-suggestions"' in page
+    assert '<option value="orders">Orders</option>' in page
+    assert '<option value="refunds">Refunds</option>' in page
+    assert 'data-channel="orders"' in page
+    assert 'value="orders/order.created"' in page
+    assert 'value="refunds/refund.issued"' in page
+    assert '<script src="/static/ui/consumers.js" defer></script>' in page
+
+
+def test_ticked_catalogue_types_join_the_typed_patterns(staff_client):
+    from broker.models import EventType
+
+    make_channel("orders")
+    for name in ("order.created", "order.paid"):
+        EventType.objects.create(channel_id="orders", name=name)
+
+    response = staff_client.post(
+        "/ui/consumers/new",
+        {
+            "channel": "orders",
+            "consumer_id": "billing",
+            **settings_form(event_types="invoice.*, order.paid"),
+            "catalogued_types": ["orders/order.created", "orders/order.paid"],
+        },
+    )
+
+    assert response.status_code == 200
+    assert Consumer.objects.get().event_types == ["invoice.*", "order.paid", "order.created"]
+
+
+def test_another_channels_catalogue_entry_is_refused(staff_client):
+    from broker.models import EventType
+
+    make_channel("orders")
+    make_channel("refunds")
+    EventType.objects.create(channel_id="refunds", name="refund.issued")
+
+    response = staff_client.post(
+        "/ui/consumers/new",
+        {
+            "channel": "orders",
+            "consumer_id": "billing",
+            **settings_form(),
+            "catalogued_types": ["refunds/refund.issued"],
+        },
+    )
+
+    assert response.status_code == 400
+    assert response.context["form"].errors["catalogued_types"] == [
+        "refund.issued is in the catalogue of refunds, not orders."
+    ]
+    assert not Consumer.objects.exists()
+
+
+def test_the_form_query_count_is_flat_in_channels_and_catalogue(staff_client):
+    from broker.models import EventType
+
+    make_channel("orders")
+    with CaptureQueriesContext(connection) as few:
+        staff_client.get("/ui/consumers/new")
+    for n in range(20):
+        make_channel(f"channel-{n}")
+        EventType.objects.create(channel_id=f"channel-{n}", name=f"thing.{n}")
+    with CaptureQueriesContext(connection) as many:
+        page = staff_client.get("/ui/consumers/new").content.decode()
+
+    assert len(many) == len(few)
+    assert page.count('class="catalogue-group"') == 20
+
+
+def test_the_token_and_secret_pages_have_copy_buttons(staff_client, billing):
+    make_channel("refunds")
+    created = staff_client.post(
+        "/ui/consumers/new", {"channel": "refunds", "consumer_id": "k", **settings_form()}
+    ).content.decode()
+    revealed = staff_client.post(f"{PAGE}/secret/reveal", {"confirm": "yes"}).content.decode()
+
+    assert 'data-copy="consumer-token" hidden>Copy token</button>' in created
+    assert 'data-copy="signing-secret" hidden>Copy secret</button>' in revealed
+    for page in (created, revealed):
+        assert '<script src="/static/ui/consumers.js" defer></script>' in page
+        assert "onclick" not in page
