@@ -106,6 +106,10 @@ def migrate_and_make_consumers(env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, check=True)  # noqa: S603
 
 
+# Jobs placed by when they were created, as the broker places them (`partition_at`): older than
+# every partition (a fresh database's begin this week), so in the DEFAULT partitions of jobs and
+# attempts, which the archive takes by rows. Left to the column's default (the insert's time)
+# they would sit in this week's partition, which no archive takes for another 30 days.
 # Jobs: 1 in 10 DEAD, the rest DELIVERED; 1 + id % 5 attempts (3 on average), the last one of a
 # delivered job a 200, the others 503 or a timeout; latencies spread from 0.05 s to ~2 min.
 HISTORY_SQL = """
@@ -117,9 +121,9 @@ SELECT 'bench', 'bench-producer', 'm-' || i, '\\x7b7d'::bytea, '', 2, 'applicati
 FROM generate_series(1, %(messages)s) AS i;
 
 INSERT INTO jobs_job (message_id, consumer_id, status, priority, ordering_key, attempts,
-    next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at)
+    next_attempt_at, incremental_timeout, last_error, created_at, partition_at, status_changed_at)
 SELECT m.id, c.id, CASE WHEN (m.id + c.id) %% 10 = 0 THEN 'DEAD' ELSE 'DELIVERED' END, 0, '',
-    1 + (m.id + c.id) %% 5, m.received_at, 0, '', m.received_at,
+    1 + (m.id + c.id) %% 5, m.received_at, 0, '', m.received_at, m.received_at,
     m.received_at + ((50 + (m.id * 7919 + c.id * 104729) %% 120000) * interval '1 millisecond')
 FROM broker_message m CROSS JOIN consumers_consumer c;
 
@@ -168,11 +172,12 @@ def run_job(job: str, args: argparse.Namespace, env: dict[str, str]) -> tuple[fl
 def check_report(jobs: int) -> str:
     with psycopg.connect(database_url()) as conn:
         row = conn.execute(
-            "SELECT count(*), sum(jobs), sum(delivered), sum(dead) FROM jobs_deliveryreport"
+            "SELECT count(*), coalesce(sum(jobs), 0), coalesce(sum(delivered), 0),"
+            " coalesce(sum(dead), 0) FROM jobs_deliveryreport"
             " WHERE grain = 'day'"
         ).fetchone()
         hours = conn.execute(
-            "SELECT count(*), sum(jobs) FROM jobs_deliveryreport WHERE grain = 'hour'"
+            "SELECT count(*), coalesce(sum(jobs), 0) FROM jobs_deliveryreport WHERE grain = 'hour'"
         ).fetchone()
         expected = conn.execute(
             "SELECT count(*) FILTER (WHERE status = 'DELIVERED'), count(*) FILTER"
@@ -190,7 +195,8 @@ def check_report(jobs: int) -> str:
 def check_archive(counts: tuple[int, int, int]) -> str:
     with psycopg.connect(database_url()) as conn:
         archived = conn.execute(
-            "SELECT count(*), sum(messages), sum(jobs), sum(attempts) FROM spark_etl_archive_batch"
+            "SELECT count(*), coalesce(sum(messages), 0), coalesce(sum(jobs), 0),"
+            " coalesce(sum(attempts), 0) FROM spark_etl_archive_batch"
             " WHERE state = 'done'"
         ).fetchone()
         left = conn.execute(
@@ -199,11 +205,25 @@ def check_archive(counts: tuple[int, int, int]) -> str:
         ).fetchone()
     if not (archived and left):
         raise SystemExit("no archive figures")
+    if not archived[0]:
+        raise SystemExit(
+            f"archive: nothing was archived; left in PostgreSQL {tuple(left)} (messages, jobs,"
+            f" attempts), jobs by partition: {jobs_by_partition()}"
+        )
     ok = tuple(archived[1:]) == counts and tuple(left) == (0, 0, 0)
     return (
         f"{archived[0]} batches; archived {archived[1]:,} messages, {archived[2]:,} jobs,"
         f" {archived[3]:,} attempts; left in PostgreSQL {left}: {'OK' if ok else 'MISMATCH'}"
     )
+
+
+def jobs_by_partition() -> dict[str, int]:
+    """Where the jobs the archive left are: which partition holds how many."""
+    with psycopg.connect(database_url()) as conn:
+        rows = conn.execute(
+            "SELECT tableoid::regclass::text, count(*) FROM jobs_job GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+    return dict(rows)
 
 
 def parquet_rows(output: str) -> str:

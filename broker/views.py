@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.cache import add_never_cache_headers
 from drf_spectacular.utils import extend_schema
@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 import broker
 from broker.api.auth import IsAdminUnlessPublicStatus
+from jobs.partitions import default_partition_rows
 
 
 class DatabaseHealthSerializer(serializers.Serializer[Any]):
@@ -24,10 +25,25 @@ class DatabaseHealthSerializer(serializers.Serializer[Any]):
     responseTimeMs = serializers.FloatField()  # noqa: N815 (wire name)
 
 
+class DefaultPartitionsSerializer(serializers.Serializer[Any]):
+    jobs = serializers.IntegerField()
+    attempts = serializers.IntegerField()
+    countedUpTo = serializers.IntegerField()  # noqa: N815 (wire name)
+
+
 class StatusSerializer(serializers.Serializer[Any]):
     status = serializers.ChoiceField(choices=["ok", "unavailable"])
     version = serializers.CharField()
     database = DatabaseHealthSerializer()
+    defaultPartitions = DefaultPartitionsSerializer(  # noqa: N815 (wire name)
+        required=False,
+        help_text="Rows no time partition covers (docs/scaling.md); absent when the database"
+        " does not answer.",
+    )
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Things an operator should look at; the status stays ok (200).",
+    )
 
 
 class StatusView(APIView):
@@ -49,10 +65,29 @@ class StatusView(APIView):
             "healthy": healthy,
             "responseTimeMs": round((time.perf_counter() - started) * 1000, 2),
         }
-        body = {"status": "ok" if healthy else "unavailable", "version": broker.__version__}
-        response = Response({**body, "database": database}, status=200 if healthy else 503)
+        body: dict[str, Any] = {
+            "status": "ok" if healthy else "unavailable",
+            "version": broker.__version__,
+            "database": database,
+            "warnings": [],
+        }
+        if healthy:
+            body.update(retention_warnings())
+        response = Response(body, status=200 if healthy else 503)
         add_never_cache_headers(response)
         return response
+
+
+def retention_warnings() -> dict[str, Any]:
+    """Rows in the DEFAULT partitions, as a warning: the broker works, but retention was behind
+    (jobs/partitions/default_rows.py). A schema without them (not migrated yet) says nothing."""
+    try:
+        with transaction.atomic():
+            rows = default_partition_rows()
+    except DatabaseError:
+        return {}
+    counted = {"jobs": rows.jobs, "attempts": rows.attempts, "countedUpTo": rows.limit}
+    return {"defaultPartitions": counted, "warnings": [rows.warning] if rows else []}
 
 
 # Where a person or a client that opens the broker's address should go next.

@@ -4,7 +4,8 @@ Two sources, because deliveries happen in dispatcher processes and the API in we
 - each dispatcher counts its own deliveries and times them, served on its `--metrics-port`;
 - the web app's `/metrics` reports the state of the queue, read from the database at scrape time
   (queued, in flight and dead jobs per consumer, counted as /job-status counts them:
-  jobs/status_summary.py; each dispatcher's heartbeat totals).
+  jobs/status_summary.py; each dispatcher's heartbeat totals; the rows of the DEFAULT
+  partitions).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from consumers.models import Consumer
 from jobs.models import DispatcherHeartbeat
+from jobs.partitions import ATTEMPTS, JOBS, default_partition_rows
 from jobs.queue import circuit as circuit_breaker
 from jobs.states import DEAD, INFLIGHT, QUEUED
 from jobs.status_summary import JobCounts, status_counts
@@ -58,6 +60,7 @@ class QueueCollector(Collector):
         yield from _upstream_names(names, counts[QUEUED], counts[DEAD])
         yield from _summary_age(counted)
         yield from self._dispatchers()
+        yield _default_partition_rows()
 
     def _dispatchers(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         beats = list(DispatcherHeartbeat.objects.all())
@@ -80,6 +83,21 @@ class QueueCollector(Collector):
             outcomes.add_metric([beat.dispatcher_id, "delivered"], beat.delivered)
             outcomes.add_metric([beat.dispatcher_id, "failed"], beat.failed)
         yield from (in_flight, seen, outcomes)
+
+
+def _default_partition_rows() -> GaugeMetricFamily:
+    """Rows no time partition covers (jobs/partitions/default_rows.py): above 0, retention was
+    behind; an alert on it catches what the hourly partition maintenance could not place."""
+    rows = default_partition_rows()
+    family = GaugeMetricFamily(
+        "broker_default_partition_rows",
+        f"Rows in the table's DEFAULT partition (no time partition covers them), counted up to"
+        f" {rows.limit}.",
+        labels=["table"],
+    )
+    family.add_metric([JOBS.name], rows.jobs)
+    family.add_metric([ATTEMPTS.name], rows.attempts)
+    return family
 
 
 def _counts_per_consumer(counted: JobCounts) -> dict[str, dict[int, int]]:

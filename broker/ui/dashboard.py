@@ -3,7 +3,8 @@
 A fixed number of queries whatever the number of jobs and attempts: the consumers, their bounded
 queue counts (jobs/queue_depth.py), the last hour's minute rows and the last day's hour rows
 of the delivery statistics rollup (jobs/stats.py, the one source of the UI's delivery figures),
-the dispatcher heartbeats, and two index probes that tell whether the rollup is being refreshed.
+the dispatcher heartbeats, two index probes that tell whether the rollup is being refreshed, and
+a bounded count of the rows no time partition covers (jobs/partitions/default_rows.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from broker.ui.charts import Series, stacked_bars
 from broker.ui.delivery_state import DeliveryState, delivery_states
 from consumers.models import Consumer
 from jobs.models import DispatcherHeartbeat
+from jobs.partitions import default_partition_rows
 from jobs.queue import circuit
 from jobs.queue.dispatchers import FROZEN_SECONDS
 from jobs.queue_depth import (
@@ -124,6 +126,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         ),
         "hour_chart": deliveries_chart("Deliveries per hour, last 24 hours", last_day, "hour", 3),
         "stats_behind": refresh_lag(),
+        "default_partition_rows": default_partition_rows(),  # retention behind: a warning
         "count_limit": f"{COUNT_LIMIT:,}",
         "total_limit": f"{TOTAL_LIMIT:,}",
         "now": now,

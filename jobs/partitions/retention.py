@@ -111,6 +111,63 @@ def _carry_batch(relation: str, before: datetime, now: datetime, statuses: tuple
         return int(cursor.rowcount)
 
 
+def place_default_jobs(now: datetime, days: int | None = None) -> int:
+    """Move the jobs of the DEFAULT partition that are younger than the retention (`days`,
+    BROKER_RETENTION_DAYS; 0 keeps everything, so all of them) into the oldest partition that
+    starts after them, CARRY_BATCH jobs per transaction; return how many were moved.
+
+    Rows older than the retention are left to `retire_partitions` (or the archive), which takes
+    them row by row. Moving a job is an UPDATE of its `partition_at` to that partition's start
+    (the same as a carry forward: same ID, creation time and everything else), so it retires with
+    that partition, never before its time: no DDL over a DEFAULT partition full of rows
+    (docs/scaling.md, "Rows no partition covers"). INFLIGHT jobs (their claim's outcome is
+    recorded by their partition key) and rows another transaction holds wait for the next run;
+    so do rows past every partition, which move into theirs when it is made."""
+    if not is_partitioned(JOBS):
+        return 0
+    days = broker_settings.BROKER_RETENTION_DAYS if days is None else days
+    starts = [p.start for p in partitions(JOBS) if p.start is not None]
+    if not starts:
+        return 0
+    since = now - timedelta(days=days) if days else None
+    moved = 0
+    while batch := _place_batch(starts, since):
+        moved += batch
+    if moved:
+        logger.info("partitions: placed %d jobs of %s into partitions", moved, JOBS.default)
+    return moved
+
+
+def _place_batch(starts: list[datetime], since: datetime | None) -> int:
+    # Every row chosen is before the last partition's start and in no partition, so a partition
+    # starts after it and the UPDATE moves it out of the DEFAULT one: the loop ends.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE "{JOBS.name}" AS job SET "{JOBS.key}" = (
+                SELECT min(start) FROM unnest(%(starts)s::timestamptz[]) AS start
+                WHERE start > job."{JOBS.key}"
+            )
+            WHERE id IN (
+                SELECT id FROM "{JOBS.default}" WHERE status <> %(inflight)s
+                    AND "{JOBS.key}" < %(last)s
+                    AND (%(since)s::timestamptz IS NULL OR "{JOBS.key}" >= %(since)s)
+                LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+            ) AND tableoid = to_regclass(%(default)s) AND status <> %(inflight)s
+                AND "{JOBS.key}" < %(last)s
+            """,  # noqa: S608
+            {
+                "starts": starts,
+                "last": max(starts),
+                "since": since,
+                "inflight": INFLIGHT,
+                "batch": CARRY_BATCH,
+                "default": JOBS.default,
+            },
+        )
+        return int(cursor.rowcount)
+
+
 def _delete_old_defaults(cutoff: datetime) -> None:
     """Delete what the DEFAULT partitions hold from before `cutoff` that retention would drop
     with a partition: delivered jobs with their attempts, and attempts. They take rows only

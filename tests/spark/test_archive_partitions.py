@@ -202,3 +202,31 @@ def test_an_archive_interrupted_at_each_step_of_a_partition_loses_and_duplicates
     assert not Job.objects.exists()
     assert not Message.objects.exists()
     assert not relation_exists(partitions.JOBS.partition_name(history.first_day))
+
+
+def test_jobs_older_than_every_partition_are_archived_by_rows_and_the_warning_goes(
+    spark, etl_config
+):
+    """Jobs and attempts that no partition covers (the DEFAULT partitions: housekeeping was
+    behind, or old data came in) are archived with their messages, row by row."""
+    history = History()
+    oldest = [p.start for table in partitions.TABLES for p in partitions.partitions(table)[:1]]
+    long_ago = min(*filter(None, oldest), history.now - 40 * DAY) - DAY
+    message = history.message(long_ago)
+    jobs = [
+        history.job(message, history.billing, "DELIVERED", long_ago),
+        history.job(message, history.audit, "DEAD", long_ago),
+    ]
+    attempts = list(DeliveryAttempt.objects.values_list("pk", flat=True))
+    assert {home(job) for job in jobs} == {partitions.JOBS.default}
+    assert partitions.default_partition_rows() == partitions.DefaultRows(jobs=2, attempts=2)
+
+    result = pipeline.run_archive(spark, etl_config)
+
+    assert result.messages == 1
+    assert archived_ids(spark, etl_config, "jobs") == Counter(job.pk for job in jobs)
+    assert archived_ids(spark, etl_config, "attempts") == Counter(attempts)
+    assert archived_ids(spark, etl_config, "messages") == Counter([message.pk])
+    assert not Job.objects.exists()
+    assert not DeliveryAttempt.objects.exists()
+    assert not partitions.default_partition_rows()
