@@ -8,6 +8,7 @@ long-lived process whose database goes away and comes back, and the connections 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import socket
 import subprocess
@@ -66,6 +67,15 @@ class ApiServer:
                 return Answer(response.status, dict(response.headers), response.read())
         except urllib.error.HTTPError as error:
             return Answer(error.code, dict(error.headers), error.read())
+
+    def send_raw(self, request: bytes) -> Answer:
+        """The answer to `request` sent as these bytes, for what an HTTP client would not send
+        (malformed header lines)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=30) as sock:
+            sock.sendall(request)
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            return Answer(response.status, dict(response.headers), response.read())
 
 
 def _free_port() -> int:
