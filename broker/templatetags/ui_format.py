@@ -3,7 +3,7 @@ in a unit a person reads at a glance, counts with thousands separators."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django import template
 
@@ -39,6 +39,35 @@ def duration(ms: float | None) -> str:
     size, symbol = time_unit(float(ms))
     value = float(ms) / size
     return f"{value:,.0f} {symbol}" if size == 1 else f"{value:,.1f} {symbol}"
+
+
+@register.filter
+def estimated_duration(ms: float | None) -> str:
+    """A duration that is an estimate (a percentile read from histogram buckets, jobs/stats.py),
+    marked as one: "≈ 365 ms"; "—" for none."""
+    text = duration(ms)
+    return text if text == "—" else f"≈ {text}"
+
+
+# Steps of an age in words, smallest first: (below this many seconds, seconds in its unit, unit).
+AGE_STEPS = [(90, 1, "s"), (90 * 60, 60, "min"), (48 * 3600, 3600, "h")]
+
+
+@register.filter
+def time_ago(age: timedelta | None) -> str:
+    """How long ago something happened, from its age: "12 s ago", "4 min ago", "3 h ago",
+    "2 d ago". Under a second, and for a time ahead of this host's clock (another host's clock
+    runs a little fast, or it wrote after this page read the time), "just now": never "-1 s
+    ago". "" for no age."""
+    if not isinstance(age, timedelta):
+        return ""
+    seconds = age.total_seconds()
+    if seconds < 1:
+        return "just now"
+    for below, size, unit in AGE_STEPS:
+        if seconds < below:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds // 86400):,} d ago"
 
 
 @register.filter

@@ -13,8 +13,9 @@ from datetime import datetime
 
 from django.utils.safestring import SafeString
 
-from broker.templatetags.ui_format import duration
-from broker.ui.dashboard import deliveries_chart, format_percent
+from broker.templatetags.ui_format import estimated_duration
+from broker.ui.dashboard import deliveries_chart
+from broker.ui.dashboard_rows import format_percent
 from consumers.models import Consumer
 from jobs.stats import HOUR, MINUTE, Tally, recent
 
@@ -75,14 +76,9 @@ def figure_rows(tallies: list[Tally]) -> list[FigureRow]:
             ]
             rows.append(FigureRow(label, values, "class-" + key.replace(" ", "-")))
     for quantile, name in ((0.5, "p50"), (0.95, "p95")):
-        values = [estimate(tally.latency_ms(quantile)) for tally in tallies]
+        values = [estimated_duration(tally.latency_ms(quantile)) for tally in tallies]
         rows.append(FigureRow(f"Latency {name}, publish to answer", values, name))
     return rows
-
-
-def estimate(ms: float | None) -> str:
-    """A latency taken from histogram buckets (within 16%): "≈ 365 ms"; "—" for none."""
-    return NOT_APPLICABLE if ms is None else f"≈ {duration(ms)}"
 
 
 def _share(count: int, attempts: int) -> str:

@@ -42,7 +42,7 @@ from broker.ui.consumer_forms import (
     NewConsumerForm,
     defaults,
 )
-from broker.ui.delivery_state import delivery_states
+from broker.ui.delivery_state import delivery_states, state_badges
 from consumers import services
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
@@ -64,6 +64,8 @@ LISTED_FIELDS = [
     "ordering",
     "circuit_open_until",
     "circuit_failures",
+    # What its state badges read (delivery_state.state_badges): why it is paused, its 429 hold.
+    *("changed_at", "last_failure_at", "last_failure", "throttled_until"),
 ]
 
 
@@ -92,6 +94,7 @@ def consumer_list(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     for consumer in page.rows:
         consumer.circuit = circuit.state(consumer, now)  # type: ignore[attr-defined]
+        consumer.badges = state_badges(consumer, now)  # type: ignore[attr-defined]
     context = {"consumers": page.rows, "channel": channel_id, **page.links()}
     return render(request, "ui/consumers.html", context)
 

@@ -5,11 +5,13 @@ queue counts (jobs/queue_depth.py), the last hour's minute rows and the last day
 of the delivery statistics rollup (jobs/stats.py, the one source of the UI's delivery figures),
 the dispatcher heartbeats, two index probes that tell whether the rollup is being refreshed, and
 a bounded count of the rows no time partition covers (jobs/partitions/default_rows.py).
+The consumers' rows, their order (most broken first) and the views the tiles lead to are
+broker/ui/dashboard_rows.py's, from what this reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import QuerySet
@@ -19,9 +21,18 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from broker.templatetags.ui_format import duration
+from broker.templatetags.ui_format import estimated_duration
 from broker.ui.access import VIEW_JOBS, operator_view
 from broker.ui.charts import Series, stacked_bars
+from broker.ui.dashboard_rows import (
+    ATTENTION_SHOWN,
+    ConsumerRow,
+    TableView,
+    format_percent,
+    format_rate,
+    ranked,
+    view_links,
+)
 from broker.ui.delivery_state import DeliveryState, delivery_states
 from consumers.models import Consumer
 from jobs.models import DispatcherHeartbeat
@@ -42,50 +53,9 @@ from jobs.stats import HOUR, MINUTE, Recent, Tally, recent, refresh_lag
 STALE_AFTER = timedelta(seconds=FROZEN_SECONDS)
 HEARTBEATS_SHOWN = 50  # a crashed dispatcher leaves its row; the newest ones matter
 DELIVERED_COLOUR, FAILED_COLOUR = "#2e7d32", "#c62828"
-NOT_APPLICABLE = "—"
 # Each row's counts stop here (its page counts to 10,000): 200 consumers with big backlogs would
 # otherwise read millions of index entries per view; past it a row shows "≥ 1,000".
 COUNT_LIMIT = 1_000
-
-
-@dataclass
-class ConsumerRow:
-    consumer: Consumer
-    depth: QueueDepth
-    circuit: str  # one of circuit.STATES
-    state: DeliveryState  # its last attempt and failure, its next attempt
-    hour: Tally
-    day: Tally
-    last_hour: Recent
-
-    @property
-    def delivery_rate(self) -> str:
-        if not self.hour.attempts:
-            return NOT_APPLICABLE
-        return format_rate(self.last_hour.delivered_per_second(self.hour))
-
-    @property
-    def success_hour(self) -> str:
-        return format_percent(self.hour.success_rate)
-
-    @property
-    def success_day(self) -> str:
-        return format_percent(self.day.success_rate)
-
-    @property
-    def p50(self) -> str:
-        return duration(self.hour.latency_ms(0.5))
-
-    @property
-    def p95(self) -> str:
-        return duration(self.hour.latency_ms(0.95))
-
-
-@dataclass
-class ChannelGroup:
-    channel_id: str
-    name: str
-    rows: list[ConsumerRow] = field(default_factory=list)
 
 
 @dataclass
@@ -103,22 +73,31 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     last_hour, last_day = recent(MINUTE, 60, now), recent(HOUR, 24, now)
     consumers = list(consumers_in_order())
-    groups = channel_groups(
-        consumers,
-        queue_depths(COUNT_LIMIT),
-        delivery_states(consumers, now),
-        last_hour,
-        last_day,
-        now,
+    rows = ranked(
+        consumer_rows(
+            consumers,
+            queue_depths(COUNT_LIMIT),
+            delivery_states(consumers, now),
+            last_hour,
+            last_day,
+            now,
+        )
     )
-    rows = [row for group in groups for row in group.rows]
+    view = TableView.of(request.GET)
+    shown = view.rows(rows)
+    attention = [row for row in rows if row.needs_attention]
     beats = [
         Beat(beat, now - beat.last_beat_at)
         for beat in DispatcherHeartbeat.objects.order_by("-last_beat_at")[:HEARTBEATS_SHOWN]
     ]
     context = {
-        "groups": groups,
-        "tiles": tiles(rows, status_totals(TOTAL_LIMIT), last_hour, beats),
+        "rows": shown,
+        "consumer_count": len(rows),
+        "view": view,
+        "view_links": view_links(view, rows),
+        "attention": attention[:ATTENTION_SHOWN],
+        "attention_count": len(attention),
+        "tiles": tiles(rows, status_totals(TOTAL_LIMIT), last_hour, beats, view),
         "beats": beats,
         "stale_after": int(STALE_AFTER.total_seconds()),
         "minute_chart": deliveries_chart(
@@ -135,31 +114,26 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 
 
 def consumers_in_order() -> QuerySet[Consumer]:
-    """Every consumer with its channel, without the encrypted token and secrets."""
+    """Every consumer, without the encrypted token and secrets; what its state badges read
+    (delivery_state.state_badges) included."""
     fields = [
-        *("public_id", "name", "type", "paused", "circuit_open_until", "throttled_until"),
-        *("last_failure_at", "last_failure", "channel__name"),
+        *("channel", "public_id", "name", "type", "paused", "circuit_open_until"),
+        *("throttled_until", "last_failure_at", "last_failure", "changed_at"),
     ]
-    return (
-        Consumer.objects.select_related("channel").only(*fields).order_by("channel_id", "public_id")
-    )
+    return Consumer.objects.only(*fields).order_by("channel_id", "public_id")
 
 
-def channel_groups(
+def consumer_rows(
     consumers: list[Consumer],
     depths: dict[int, QueueDepth],
     states: dict[int, DeliveryState],
     last_hour: Recent,
     last_day: Recent,
     now: datetime,
-) -> list[ChannelGroup]:
-    groups: dict[str, ChannelGroup] = {}
+) -> list[ConsumerRow]:
     none = BoundedCount(0, COUNT_LIMIT)
-    for consumer in consumers:
-        group = groups.setdefault(
-            consumer.channel_id, ChannelGroup(consumer.channel_id, consumer.channel.name)
-        )
-        row = ConsumerRow(
+    return [
+        ConsumerRow(
             consumer=consumer,
             depth=depths.get(consumer.pk, QueueDepth(none, none, none)),  # one created meanwhile
             circuit=circuit.state(consumer, now),
@@ -168,8 +142,8 @@ def channel_groups(
             day=last_day.per_consumer.get(consumer.pk, Tally()),
             last_hour=last_hour,
         )
-        group.rows.append(row)
-    return list(groups.values())
+        for consumer in consumers
+    ]
 
 
 @dataclass(frozen=True)
@@ -179,19 +153,34 @@ class Tile:
     link: str  # what the tile counts
     alert: bool = False  # drawn in red: something needs an operator
     note: str = ""
+    selected: bool = False  # the consumer table shows what it links to
 
 
 def tiles(
-    rows: list[ConsumerRow], totals: QueueDepth, hour: Recent, beats: list[Beat]
+    rows: list[ConsumerRow], totals: QueueDepth, hour: Recent, beats: list[Beat], view: TableView
 ) -> list[Tile]:
+    """The totals. The tiles of broken things (dead jobs, open circuits, pauses) cut the consumer
+    table down to the consumers they count, and the latency tile orders it slowest first:
+    figures an operator can follow to the consumers behind them, live (issue 38)."""
     open_circuits = sum(row.circuit == circuit.OPEN for row in rows)
     paused = sum(row.consumer.paused for row in rows)
     alive = sum(not beat.stale for beat in beats)
-    consumers, reports = "#consumers", reverse("ui:reports")
+    everyone, reports = view.url(show=""), reverse("ui:reports")
+
+    def showing(label: str, count: int, show: str) -> Tile:
+        link = view.url(show=show)
+        return Tile(label, f"{count:,}", link, alert=count > 0, selected=view.show == show)
+
     return [
-        Tile("Queued", str(totals.queued), consumers),
-        Tile("In flight", str(totals.in_flight), consumers),
-        Tile("Dead", str(totals.dead), reverse("ui:dead-jobs"), alert=totals.dead.value > 0),
+        Tile("Queued", str(totals.queued), everyone),
+        Tile("In flight", str(totals.in_flight), everyone),
+        Tile(
+            "Dead",
+            str(totals.dead),
+            view.url(show="dead"),
+            alert=totals.dead.value > 0,
+            selected=view.show == "dead",
+        ),
         Tile(
             "Delivered, last hour",
             f"{hour.total.delivered:,}",
@@ -199,9 +188,15 @@ def tiles(
             note=format_rate(hour.delivered_per_second(hour.total)) if hour.total.attempts else "",
         ),
         Tile("Success rate, last hour", format_percent(hour.total.success_rate), reports),
-        Tile("p95 latency, last hour", duration(hour.total.latency_ms(0.95)), reports),
-        Tile("Open circuits", str(open_circuits), consumers, alert=open_circuits > 0),
-        Tile("Paused consumers", str(paused), consumers, alert=paused > 0),
+        Tile(
+            "p95 latency, last hour",
+            estimated_duration(hour.total.latency_ms(0.95)),
+            view.url(order="latency"),
+            note="consumers slowest first",
+            selected=view.order == "latency",
+        ),
+        showing("Open circuits", open_circuits, "circuit-open"),
+        showing("Paused consumers", paused, "paused"),
         # Only no live dispatcher at all is an alert: a killed one leaves a stale row behind.
         Tile("Dispatchers", f"{alive} of {len(beats)}", "#dispatchers", alert=alive == 0),
     ]
@@ -222,19 +217,6 @@ def deliveries_chart(title: str, recent: Recent, unit: str, label_every: int) ->
     return stacked_bars(
         f"{title} (UTC)", labels, series, label_every=label_every, first_label=first
     )
-
-
-def format_percent(rate: float | None) -> str:
-    if rate is None:
-        return NOT_APPLICABLE
-    if rate == 1:
-        return "100%"
-    text = f"{rate:.1%}"
-    return ">99.9%" if text == "100.0%" else text  # a few failures in 10,000 still show
-
-
-def format_rate(per_second: float) -> str:
-    return f"{per_second:,.1f}/s" if per_second >= 1 else f"{per_second * 60:,.1f}/min"
 
 
 urlpatterns: list[URLPattern] = [path("", dashboard, name="dashboard")]

@@ -154,8 +154,10 @@ def test_the_list_groups_consumers_by_channel(staff_client):
     assert page.count('class="channel-row"') == 2
     assert 'href="/ui/consumers/orders/billing"' in page
     assert "http://127.0.0.1:9/billing" in page
-    assert ">paused<" in page
+    assert ">Paused<" in page  # its state badges, as on the dashboard and its page
+    assert ">Circuit open<" in page
     assert ">open<" in page
+    assert ">Active<" not in page.split('href="/ui/consumers/orders/billing"')[1].split("</tr>")[0]
     assert "/ui/dead-jobs?channel=orders&amp;consumer=billing" in page
     assert "listed-token" not in page
     assert billing.signing_secret not in page

@@ -154,15 +154,18 @@ def test_each_consumer_row_shows_its_figures(staff_client, broker_state):
 
     assert response.status_code == 200
     rows = consumer_rows(response)
-    assert list(rows) == ["orders/audit", "orders/billing", "orders/reader", "refunds/ledger"]
+    # Most broken first: dead jobs, then an open circuit, then a half-open one, then the rest.
+    assert list(rows) == ["orders/billing", "orders/audit", "refunds/ledger", "orders/reader"]
     _name, kind, state, queued, in_flight, dead, rate, hour, day, p50, p95 = rows["orders/billing"]
-    assert (kind, state, queued, in_flight, dead) == ("push", "active", "3", "1", "2")
+    assert (kind, state, queued, in_flight, dead) == ("push", "Active", "3", "1", "2")
     assert rate == "0.1/min"  # 3 delivered in the last hour
     assert (hour, day) == ("75.0%", "37.5%")  # 3 of 4; 3 of 8 with the 4 failures of 3 h ago
-    assert (p50, p95) == ("115 ms", "4.9 s")  # the middles of the 120 ms and 5 s buckets
-    assert rows["orders/audit"][2] == "paused circuit open"
-    assert rows["orders/reader"][1:] == ["pull", "active", "0", "0", "0", *["—"] * 5]
-    assert rows["refunds/ledger"][2] == "circuit half-open"
+    # The middles of the 120 ms and 5 s buckets: estimates, and shown as such.
+    assert (p50, p95) == ("≈ 115 ms", "≈ 4.9 s")
+    assert rows["orders/audit"][2] == "Paused Circuit open"  # and never "Active" beside them
+    assert rows["orders/reader"][1:] == ["pull", "Active", "0", "0", "0", *["—"] * 5]
+    assert rows["refunds/ledger"][2] == "Circuit half-open"
+    assert rows["orders/billing"][0].startswith("orders / billing")  # its channel on its row
     assert 'href="/ui/dead-jobs?channel=orders&amp;consumer=billing"' in response.content.decode()
 
 
@@ -175,7 +178,7 @@ def test_the_tiles_add_up_the_consumers(staff_client, broker_state):
         "Dead": "2",
         "Delivered, last hour": "3",
         "Success rate, last hour": "75.0%",
-        "p95 latency, last hour": "4.9 s",
+        "p95 latency, last hour": "≈ 4.9 s",
         "Open circuits": "1",
         "Paused consumers": "1",
         "Dispatchers": "1 of 2",
@@ -191,7 +194,7 @@ def test_stale_dispatchers_are_flagged(staff_client, broker_state):
     beats = {beat.heartbeat.dispatcher_id: beat.stale for beat in response.context["beats"]}
     assert beats == {"host-1:11:aa": False, "host-2:22:bb": True}
     html = response.content.decode()
-    assert re.search(r'<tr class="stale">\s*<td><code>host-2:22:bb</code>', html)
+    assert re.search(r'<tr class="stale">\s*<td[^>]*><code>host-2:22:bb</code>', html)
     assert ">stale</span>" in html
 
 
@@ -217,10 +220,96 @@ def test_tiles_past_their_own_bound_show_as_a_lower_bound(staff_client, broker_s
 def test_each_tile_links_to_what_it_counts(staff_client, broker_state):
     links = {tile.label: tile.link for tile in staff_client.get("/ui/").context["tiles"]}
 
-    assert links["Dead"] == "/ui/dead-jobs"
-    assert links["Open circuits"] == links["Queued"] == "#consumers"
+    # The tiles of broken things cut the consumer table down to the consumers they count.
+    assert links["Dead"] == "/ui/?show=dead#consumers"
+    assert links["Open circuits"] == "/ui/?show=circuit-open#consumers"
+    assert links["Paused consumers"] == "/ui/?show=paused#consumers"
+    assert links["Queued"] == "/ui/#consumers"
+    # Latency: the live figures behind it, the consumers slowest first.
+    assert links["p95 latency, last hour"] == "/ui/?order=latency#consumers"
     assert links["Dispatchers"] == "#dispatchers"
     assert links["Success rate, last hour"] == "/ui/reports"
+
+
+@pytest.mark.parametrize(
+    ("show", "shown"),
+    [
+        ("dead", ["orders/billing"]),
+        ("circuit-open", ["orders/audit"]),
+        ("paused", ["orders/audit"]),
+        ("attention", ["orders/billing", "orders/audit", "refunds/ledger"]),
+        ("no-such-view", ["orders/billing", "orders/audit", "refunds/ledger", "orders/reader"]),
+    ],
+)
+def test_the_tiles_filter_the_consumer_table(staff_client, broker_state, show, shown):
+    response = staff_client.get("/ui/", {"show": show})
+
+    assert list(consumer_rows(response)) == shown
+    selected = [tile.label for tile in response.context["tiles"] if tile.selected]
+    tile_of = {"dead": "Dead", "circuit-open": "Open circuits", "paused": "Paused consumers"}
+    assert selected == ([tile_of[show]] if show in tile_of else [])
+    # The tiles still count every consumer.
+    assert tiles(response)["Open circuits"] == "1"
+
+
+def test_a_view_that_keeps_nobody_says_so(staff_client, broker_state):
+    Consumer.objects.update(paused=False)
+
+    html = staff_client.get("/ui/?show=paused").content.decode()
+
+    assert "No consumers paused." in html
+    assert 'aria-current="true">paused (0)</a>' in html
+
+
+def test_the_latency_view_shows_the_slowest_first(staff_client, broker_state):
+    slow = make_consumer(Channel.objects.get(pk="orders"), "slow")
+    attempt(slow, timedelta(minutes=3), 200, latency_ms=60_000.0)
+    refresh_delivery_stats()
+
+    response = staff_client.get("/ui/?order=latency")
+
+    # By p95; those without deliveries after them, most broken first.
+    assert list(consumer_rows(response)) == [
+        "orders/slow",
+        "orders/billing",
+        "orders/audit",
+        "refunds/ledger",
+        "orders/reader",
+    ]
+    assert [tile.label for tile in response.context["tiles"] if tile.selected] == [
+        "p95 latency, last hour"
+    ]
+
+
+def test_the_consumers_that_need_attention_come_first_as_cards(staff_client, broker_state):
+    html = staff_client.get("/ui/").content.decode()
+
+    cards = re.findall(r'data-attention="([^"]+)"', html)
+    assert cards == ["orders/billing", "orders/audit", "refunds/ledger"]
+    # First on the page: above the tiles, the charts and the consumer table.
+    assert html.index('id="attention"') < html.index('id="tiles"') < html.index('id="consumers"')
+    card = html.split('data-attention="orders/audit"')[1].split("</li>")[0]
+    assert '>Paused</span> <span class="badge badge-circuit-open"' in card
+
+
+def test_a_healthy_broker_says_nothing_needs_attention(staff_client):
+    make_consumer(make_channel(), "billing")
+
+    html = staff_client.get("/ui/").content.decode()
+
+    assert "data-attention" not in html
+    assert "No consumer needs attention" in html
+
+
+def test_a_heartbeat_ahead_of_the_clock_reads_just_now(staff_client):
+    heartbeat("host-1:11:aa", -timedelta(seconds=2))  # its host's clock runs 2 s fast
+    heartbeat("host-2:22:bb", timedelta(minutes=3, seconds=5))
+
+    html = staff_client.get("/ui/").content.decode()
+
+    assert "(just now)" in html
+    assert "(3 min ago)" in html
+    assert not re.search(r"\(-\d", html)  # never "(-2 s ago)"
 
 
 def test_the_charts_are_well_formed_svg_with_the_deliveries(staff_client, broker_state):
@@ -279,6 +368,10 @@ def test_the_query_count_grows_neither_with_jobs_nor_with_consumers(staff_client
     refresh_delivery_stats()
     with CaptureQueriesContext(connection) as many:
         assert staff_client.get("/ui/").status_code == 200
+    for view in ("?show=dead", "?show=attention", "?order=latency"):
+        with CaptureQueriesContext(connection) as filtered:
+            assert staff_client.get(f"/ui/{view}").status_code == 200
+        assert len(filtered) == len(few), view
 
     assert len(many) == len(few)
     counts = [q["sql"] for q in many if "COUNT(" in q["sql"].upper()]

@@ -4,6 +4,7 @@ back (broker/ui/delivery_state.py), from a real dispatcher step against a real r
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ import time_machine
 from django.utils import timezone
 
 from broker import publish
+from consumers import services
 from consumers.models import Consumer
 from jobs.models import Job
 from jobs.queue_depth import next_due_times
@@ -129,3 +131,29 @@ def test_next_due_is_the_earliest_whatever_the_priorities(channel):
     )
     assert next_due_times(consumer.pk)[consumer.pk] == now + timedelta(minutes=20)
     assert Job.objects.filter(consumer=consumer, status=QUEUED).count() == 3
+
+
+def test_a_pause_by_a_410_says_so_on_the_dashboard_and_on_its_page(
+    staff_client, channel, receiver, dispatcher
+):
+    consumer = push_consumer(channel, receiver)
+    receiver.replies["/hook"] = Reply(410, body=b"this endpoint was removed")
+    publish(channel, b"{}", producer="shop", message_id="m1")
+    run_once(dispatcher)
+    consumer.refresh_from_db()
+    assert consumer.paused  # by the dispatcher (jobs/retry.py)
+
+    row = row_of(staff_client.get("/ui/").content.decode(), consumer)
+    page = staff_client.get("/ui/consumers/orders/billing").content.decode()
+
+    assert re.findall(r'class="badge [^"]*"[^>]*>([^<]+)<', row) == ["Paused: 410 Gone"]
+    assert "held back: consumer paused: it answered 410 Gone" in row
+    assert re.search(r'id="delivery-state"[^>]*>Paused: 410 Gone<', page)
+    assert "yes: it answered 410 Gone" in page
+
+    # Resumed, then paused by hand: a pause like any other.
+    services.pause_consumer("orders", "billing", False)
+    services.pause_consumer("orders", "billing", True)
+    page = staff_client.get("/ui/consumers/orders/billing").content.decode()
+    assert re.search(r'id="delivery-state"[^>]*>Paused<', page)
+    assert "yes: jobs wait until resumed" in page
