@@ -88,9 +88,14 @@ def _decide_failure(result: AttemptResult, consumer: Consumer, now: datetime) ->
 
 def is_unavailable(result: AttemptResult) -> bool:
     """Whether a failed attempt shows the consumer unavailable (see UNAVAILABLE_STATUSES)."""
-    if result.status_code is None:
-        return result.error_class in UNAVAILABLE_ERROR_CLASSES
-    return 500 <= result.status_code <= 599 or result.status_code in UNAVAILABLE_STATUSES
+    return shows_unavailable(result.status_code, result.error_class)
+
+
+def shows_unavailable(status_code: int | None, error_class: str) -> bool:
+    """`is_unavailable` of an attempt by what was recorded of it (a DeliveryAttempt's fields)."""
+    if status_code is None:
+        return error_class in UNAVAILABLE_ERROR_CLASSES
+    return 500 <= status_code <= 599 or status_code in UNAVAILABLE_STATUSES
 
 
 def jittered(seconds: float, jitter: float, rng: random.Random | None = None) -> float:

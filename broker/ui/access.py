@@ -76,7 +76,11 @@ def operator_view(*, get: str | None = None, post: str | None = None) -> Callabl
                 return bad_request(request, bad)
 
         staff_only = staff_member_required(checked, login_url="admin:login")
-        return cast(View, require_http_methods(list(permissions))(staff_only))
+        answered = require_http_methods(list(permissions))(staff_only)
+        # Whether a link may lead here: an action's URL, which only a form posts to, is no
+        # page to go back to (views.came_from).
+        answered.shows_a_page = get is not None  # type: ignore[attr-defined]
+        return cast(View, answered)
 
     return decorate
 

@@ -19,6 +19,12 @@ WIDTH, HEIGHT = 640, 240
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 44, 30  # margins around the plot: axis labels, title, legend
 TEXT = "#374151"
 GRID = "#e5e7eb"
+FONT_SIZE = 11  # of the axes' labels, in the canvas's units
+# How wide a label's characters are at most, for laying x labels out without measuring them
+# (the server has no fonts): DejaVu Sans's digits, the widest of the usual sans-serif fonts,
+# are 0.636 em; most systems' are narrower (Arial's 0.556 em). The labels are dates and times.
+CHAR_WIDTH = 0.65 * FONT_SIZE
+LABEL_GAP = FONT_SIZE  # the least room between two x labels, so they read as two
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,8 @@ def stacked_bars(
     first_label: int = 0,
 ) -> SafeString:
     """A bar per label, the series stacked bottom-up; x labels on every `label_every`-th bar
-    from the bar numbered `first_label` (so that they can fall on round times)."""
+    from the bar numbered `first_label` (so that they can fall on round times), or on a
+    multiple of `label_every` when labels that close would overlap (`spaced_every`)."""
     if any(len(s.values) != len(labels) for s in series):
         raise ValueError("every series needs one value per label")
     svg = _canvas(title)
@@ -67,15 +74,17 @@ def line_chart(
     unit: str = "",
     top: float | None = None,
     label_every: int = 1,
+    first_label: int = 0,
 ) -> SafeString:
     """A chart of `lines` over `labels`, with a gap where a value is missing; the y axis goes to
-    `top` (a rate's 1.0, say), or to a round number above the largest value."""
+    `top` (a rate's 1.0, say), or to a round number above the largest value. X labels as
+    `stacked_bars` places them."""
     svg = _canvas(title)
     _legend(svg, lines)
     largest = max((v for line in lines for v in line.values if v is not None), default=0.0)
     top, step = (top, top / 4) if top else nice_scale(largest)
     _y_axis(svg, top, step, unit)
-    _x_axis(svg, labels, label_every, 0)
+    _x_axis(svg, labels, label_every, first_label)
     for line in lines:
         for run in _runs(line.values):
             _polyline(svg, line, run, labels, top, unit)
@@ -92,6 +101,28 @@ def nice_scale(largest: float, ticks: int = 4) -> tuple[float, float]:
     power = 10 ** math.floor(math.log10(rough))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)
     return math.ceil(largest / step) * step, step
+
+
+def label_width(label: str) -> float:
+    """The most room an x label takes on the canvas (CHAR_WIDTH a character)."""
+    return len(label) * CHAR_WIDTH
+
+
+def fewest_between_labels(labels: Sequence[str]) -> int:
+    """The smallest N such that x labels on every N-th slot cannot overlap: the slots between
+    two labels are at least as wide as the widest label and LABEL_GAP."""
+    if not labels:
+        return 1
+    slot = _plot_width() / len(labels)
+    widest = max(label_width(label) for label in labels)
+    return max(1, math.ceil((widest + LABEL_GAP) / slot))
+
+
+def spaced_every(every: int, labels: Sequence[str]) -> int:
+    """`every`, or its smallest multiple that keeps x labels apart (so labels a caller put on
+    round times stay on round times, fewer of them)."""
+    needed = fewest_between_labels(labels)
+    return every if every >= needed else every * math.ceil(needed / every)
 
 
 def compact_number(value: float) -> str:
@@ -111,7 +142,7 @@ def _canvas(title: str) -> ET.Element:
             "role": "img",
             "class": "chart",
             "font-family": "system-ui, sans-serif",
-            "font-size": "11",
+            "font-size": str(FONT_SIZE),
         },
     )
     ET.SubElement(svg, "title").text = title
@@ -204,11 +235,16 @@ def _runs(values: Sequence[float | None]) -> list[list[tuple[int, float]]]:
 
 
 def _x_axis(svg: ET.Element, labels: Sequence[str], every: int, first: int) -> None:
+    """A tick and a label on every `every`-th slot from `first`, thinned so that no two labels
+    overlap (`spaced_every`); a label that would stick out of the canvas is left out."""
+    axis = ET.SubElement(svg, "g", {"class": "x-axis"})
+    every = spaced_every(max(every, 1), labels)
     for i, label in enumerate(labels):
-        if (i - first) % every == 0:
-            x = _x(i, len(labels))
-            _line(svg, x, TOP + _plot_height(), x, TOP + _plot_height() + 4, TEXT)
-            _text(svg, x, HEIGHT - BOTTOM + 17, label, "middle")
+        x = _x(i, len(labels))
+        half = label_width(label) / 2
+        if (i - first) % every == 0 and half <= x <= WIDTH - half:
+            _line(axis, x, TOP + _plot_height(), x, TOP + _plot_height() + 4, TEXT)
+            _text(axis, x, HEIGHT - BOTTOM + 17, label, "middle")
 
 
 def _legend(svg: ET.Element, series: Sequence[Series | Line]) -> None:
@@ -231,7 +267,7 @@ def _text(
     anchor: str = "start",
     *,
     weight: str = "normal",
-    size: str = "11",
+    size: str = str(FONT_SIZE),
 ) -> None:
     attributes = {"text-anchor": anchor, "font-weight": weight, "font-size": size, "fill": TEXT}
     attributes.update(x=_fmt(x), y=_fmt(y))

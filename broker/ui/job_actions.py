@@ -24,8 +24,10 @@ from django.urls import URLPattern, path, reverse
 from broker.ui import inputs
 from broker.ui.access import CHANGE_JOBS, DELETE_JOBS, VIEW_JOBS, operator_view, require
 from broker.ui.views import (
+    MATCHES_COUNTED,
     SEARCHED,
     DeadJobFilters,
+    count_matches,
     dead_jobs_with_last_status,
     id_choices,
     page_posted_from,
@@ -46,7 +48,7 @@ KINDS = {"requeue": REQUEUE, "delete": PURGE}
 # The most jobs an action on a selection or on filters other than one consumer's queue takes:
 # the newest that match (read as keys, then acted on in batches). An action on more is
 # repeated. The preview of any action is one count bounded by it.
-ACTION_LIMIT = 10_000
+ACTION_LIMIT = MATCHES_COUNTED
 SAMPLE_SIZE = 10
 CONFIRMED = "yes"
 
@@ -62,6 +64,7 @@ class Preview:
     fields: list[tuple[str, str]]  # the form's fields, to post again with the confirmation
     url: str  # where the confirmation posts
     whole: bool  # it takes a consumer's whole queue, not the newest ACTION_LIMIT jobs
+    cancel: str  # where Cancel leads: the page the action was asked from
 
     @property
     def verb(self) -> str:
@@ -114,7 +117,7 @@ def matching_action(request: HttpRequest) -> HttpResponse:
 
 def _whole_queue(filters: dict[str, Any]) -> WholeQueue | None:
     """The queue the filters name when they give a channel and a consumer (and times only)."""
-    if not (filters["channel"] and filters["consumer"]):
+    if not (filters["channel"] and filters["consumer"]) or filters["message"]:
         return None
     found = Consumer.objects.filter(channel_id=filters["channel"], public_id=filters["consumer"])
     consumer = found.first()
@@ -180,15 +183,19 @@ def _confirm_or_act(
     queue if given, else on the newest ACTION_LIMIT of `jobs`."""
     if request.POST.get("confirmed") != CONFIRMED:
         back = page_posted_from(request, reverse("ui:dead-jobs"))
+        # Cancel leads back to where the action was asked (a job's page), which may not be
+        # where the action leads once done (the job is gone).
+        cancel = page_posted_from(request, back, field="cancel")
         sample = jobs.select_related("consumer", "message").defer("message__payload")
         preview = Preview(
             action,
-            BoundedCount(jobs[: ACTION_LIMIT + 1].count(), ACTION_LIMIT),
+            count_matches(jobs, ACTION_LIMIT),
             list(sample[:SAMPLE_SIZE]),
             what,
             [("action", action), *fields, ("next", back)],
             reverse(url_name),
             whole is not None,
+            cancel,
         )
         context = {"preview": preview, "limit": ACTION_LIMIT, "batch": dlq_actions.BATCH_SIZE}
         return render(request, "ui/confirm_jobs.html", context)

@@ -19,11 +19,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import URLPattern, path
 
-from broker.models import Channel, Message
+from broker.models import Message
 from broker.replay import NotReplayable, ReplayResult, replay
 from broker.ui import inputs, paging
 from broker.ui.access import CHANGE_MESSAGES, VIEW_MESSAGES, operator_view
-from broker.ui.views import message_preview
+from broker.ui.views import message_preview, messages_with_id
 from consumers.models import Consumer
 from jobs.models import DeliveryAttempt, Job, job_public_id
 from jobs.states import DELIVERED
@@ -74,18 +74,9 @@ def message_search(request: HttpRequest) -> HttpResponse:
 
 
 def find_messages(query: str, channel_id: str = "") -> list[Message]:
-    """Messages whose ID is `query` (in `channel_id` if given), and the one whose internal id it
-    is when it is a number.
-
-    With a channel, the unique (channel, public_id) index answers. Without one, the sub-select of
-    channel ids makes PostgreSQL probe that same index once per channel (a nested loop): there is
-    no index on public_id alone, and channels are few where messages are many.
-    """
-    by_id = Message.objects.filter(public_id=query)
-    if channel_id:
-        by_id = by_id.filter(channel_id=channel_id)
-    else:
-        by_id = by_id.filter(channel_id__in=Channel.objects.values("pk"))
+    """Messages whose ID is `query` (in `channel_id` if given: `messages_with_id`), and the one
+    whose internal id it is when it is a number."""
+    by_id = messages_with_id(query, channel_id)
     hits = {message.pk: message for message in _listing(by_id)[: paging.PAGE_SIZE]}
     if query.isascii() and query.isdigit() and len(query) < 19:  # fits a bigint
         by_pk = Message.objects.filter(pk=int(query))

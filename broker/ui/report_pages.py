@@ -22,12 +22,15 @@ from django.utils.safestring import SafeString
 from broker.templatetags.ui_format import time_unit
 from broker.ui import inputs
 from broker.ui.access import VIEW_REPORTS, operator_view
-from broker.ui.charts import Line, Series, line_chart, stacked_bars
+from broker.ui.charts import Line, Series, fewest_between_labels, line_chart, stacked_bars
 from jobs.models import DeliveryReport
 
 MAX_PERIODS = {"day": 366, "hour": 24 * 14}  # the widest range one page charts
 DEFAULT_PERIODS = {"day": 30, "hour": 48}
 STEP = {"day": timedelta(days=1), "hour": timedelta(hours=1)}
+# How many periods apart the x labels may be, fewest first: hours that divide a day, so that the
+# labels fall on the same hours every day (00:00, 06:00, ...), and days by the week.
+LABEL_STEPS = {"hour": (1, 2, 3, 4, 6, 12, 24, 48, 96, 168), "day": (1, 2, 7, 14, 28, 56, 91)}
 LATEST_ROWS = 100
 MAX_CONSUMERS = 200
 
@@ -147,7 +150,7 @@ def charts(
         periods.append(moment)
         moment += STEP[grain]
     labels = [p.strftime("%m-%d" if grain == "day" else "%d %H:00") for p in periods]
-    every = max(1, len(periods) // 10)
+    every, first = label_spacing(periods, labels, grain)
     found = [per_period.get(p) for p in periods]
 
     def total(row: dict[str, Any] | None, name: str) -> float:
@@ -173,6 +176,7 @@ def charts(
                 Series("not finished", pending, "#9ca3af"),
             ],
             label_every=every,
+            first_label=first,
         ),
         "success_chart": line_chart(
             "Success rate (delivered of finished)",
@@ -181,11 +185,27 @@ def charts(
             unit="%",
             top=100,
             label_every=every,
+            first_label=first,
         ),
         "latency_chart": latency_chart(
-            labels, {name: [figure(r, name) for r in found] for name in LATENCY_LINES}, every
+            labels,
+            {name: [figure(r, name) for r in found] for name in LATENCY_LINES},
+            every,
+            first,
         ),
     }
+
+
+def label_spacing(periods: list[datetime], labels: list[str], grain: str) -> tuple[int, int]:
+    """Every how many periods an x label goes, and the first one labelled: the fewest of
+    LABEL_STEPS that keeps the labels apart on the chart (charts.fewest_between_labels), from
+    the first period on a multiple of it (hours) or from the first (days)."""
+    needed = fewest_between_labels(labels)
+    every = next((step for step in LABEL_STEPS[grain] if step >= needed), needed)
+    if grain == "hour" and 24 % every == 0:
+        on_the_clock = (i for i, period in enumerate(periods) if period.hour % every == 0)
+        return every, next(on_the_clock, 0)
+    return every, 0
 
 
 # The latency chart's lines: percentile and colour.
@@ -193,7 +213,7 @@ LATENCY_LINES = {"p50": "#60a5fa", "p95": "#1f3a5f", "p99": "#b42318"}
 
 
 def latency_chart(
-    labels: list[str], values: dict[str, list[float | None]], every: int
+    labels: list[str], values: dict[str, list[float | None]], every: int, first: int = 0
 ) -> SafeString:
     """The percentiles' lines in the unit that suits the largest (ms, s, min or h), so that the
     axis reads "40 min", not "3M ms"."""
@@ -204,7 +224,7 @@ def latency_chart(
         for name, colour in LATENCY_LINES.items()
     ]
     title = "Publish → delivery latency, slowest consumer"
-    return line_chart(title, labels, lines, unit=f" {symbol}", label_every=every)
+    return line_chart(title, labels, lines, unit=f" {symbol}", label_every=every, first_label=first)
 
 
 @operator_view(get=VIEW_REPORTS)

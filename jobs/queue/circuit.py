@@ -113,10 +113,15 @@ def opened(
     return reopened
 
 
+# How a failed probe's job's last error ends (`probe_reason`); the operator UI's job page reads
+# it to tell a probe given back from other attempts (broker/ui/attempt_history.py).
+PROBE_NOT_COUNTED = "circuit open again, attempt not counted"
+
+
 def probe_reason(result: AttemptResult) -> str:
     """The last error of a failed probe's job: waiting for the circuit to half-open again, its
     attempt not counted (never that attempts were used up: the job is QUEUED)."""
-    return f"{result.error}; circuit open again, attempt not counted"
+    return f"{result.error}; {PROBE_NOT_COUNTED}"
 
 
 def probe_outcome(result: AttemptResult, half_opens_at: datetime) -> Outcome:

@@ -99,7 +99,7 @@ def test_find_dead_jobs_by_the_answer_and_delete_after_a_preview(screen, live_se
     rows = page.locator("#dead-job-table tbody tr")
     assert rows.count() == 3
     rows.first.locator("input[type=checkbox]").check()
-    page.locator("button", has_text="Delete selected").click()
+    page.locator("button", has_text="Delete selected").last.click()  # the one under the rows
     assert page.locator("h1").inner_text() == "Delete 1 dead job?"
     assert page.locator("table.sample tbody tr").count() == 1
     page.locator("#confirm").click()

@@ -78,7 +78,16 @@ HOSTILE = [
 # The query parameters each page reads (a page without one is not listed).
 QUERY_PARAMETERS = {
     "dashboard": ["show", "order"],
-    "dead-jobs": ["channel", "consumer", "since", "until", "status_code", "error", "cursor"],
+    "dead-jobs": [
+        "channel",
+        "consumer",
+        "message",
+        "since",
+        "until",
+        "status_code",
+        "error",
+        "cursor",
+    ],
     "consumers": ["channel", "after"],
     "consumer": ["status_code", "outcome", "since", "until"],
     "consumer-create": ["channel"],

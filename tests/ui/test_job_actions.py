@@ -115,7 +115,7 @@ def test_channel_and_consumer_fields_offer_what_exists_and_dates_read_iso(staff_
     assert '<datalist id="channel-choices"><option value="orders"></datalist>' in page
     assert '<option value="billing">' in page
     assert "datetime-local" not in page  # a browser shows those in its own locale's format
-    assert 'placeholder="2026-11-25 04:00"' in page
+    assert 'placeholder="e.g. 2026-11-25 04:00"' in page
 
 
 def test_a_bad_filter_keeps_what_was_typed_and_says_what_is_wrong(staff_client):

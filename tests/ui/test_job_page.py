@@ -152,3 +152,40 @@ def test_a_failed_attempt_shows_what_was_sent_and_received_and_no_secret(
     assert f"<dt>X-Broker-Consumer-Token</dt><dd>{MASK} (masked)</dd>" in shown
     assert "<dt>X-Receiver</dt><dd>hook-7</dd>" in shown
     assert_no_secret_in(shown, secrets_of(consumer, received))
+
+
+def test_the_channel_and_the_consumer_link_to_their_pages(staff_client):
+    job = retrying_job()
+
+    shown = page(staff_client, job)
+
+    assert '<a id="channel-link" href="/ui/consumers?channel=orders">orders</a>' in shown
+    assert '<a id="consumer-link" href="/ui/consumers/orders/billing">billing</a>' in shown
+
+
+def test_a_dead_job_is_deleted_from_its_page_after_a_confirmation(staff_client):
+    job = make_job(DEAD, attempts=1)
+    add_attempt(job)
+    shown = page(staff_client, job, referer="http://testserver/ui/dead-jobs?consumer=billing")
+    assert 'id="delete-job"' in shown
+    assert '<input type="hidden" name="next" value="/ui/dead-jobs?consumer=billing">' in shown
+    form = {
+        "action": "delete",
+        "job": job.public_id,
+        "next": "/ui/dead-jobs?consumer=billing",
+        "cancel": f"/ui/jobs/{job.public_id}",
+    }
+
+    asked = staff_client.post("/ui/dead-jobs/bulk", form)
+
+    assert "<h1>Delete 1 dead job?</h1>" in asked.content.decode()
+    assert f'<a href="/ui/jobs/{job.public_id}">Cancel</a>' in asked.content.decode()
+    assert Job.objects.filter(pk=job.pk).exists()  # nothing yet
+    done = staff_client.post("/ui/dead-jobs/bulk", {**form, "confirmed": "yes"})
+    assert done["Location"] == "/ui/dead-jobs?consumer=billing"
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert not job.delivery_attempts.exists()  # with its attempts, as the list's delete
+
+
+def test_only_a_dead_job_offers_delete(staff_client):
+    assert 'id="delete-job"' not in page(staff_client, retrying_job())

@@ -3,6 +3,8 @@ through Django's test client and in headless Chromium."""
 
 from __future__ import annotations
 
+import itertools
+import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +13,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from broker.ui.charts import LABEL_GAP, SVG_NS, WIDTH, Series, label_width, line_chart, stacked_bars
+from broker.ui.report_pages import MAX_PERIODS, STEP, label_spacing
 from jobs.models import DeliveryReport
 from tests.ui.browser import log_in, screenshot
 
@@ -144,3 +148,54 @@ def test_reports_page_in_a_browser(page, live_server):
     page.wait_for_url("**consumer=shipping**")
     assert page.locator("table.report-consumers tbody tr").count() == 1
     assert page.locator("table.report-rows tbody tr").count() == 14
+
+
+# --- x labels that never overlap (issue 38) ---------------------------------------------------
+
+
+def x_labels(svg: str) -> list[tuple[float, str]]:
+    """The x axis's labels of a chart: (x, text), left to right."""
+    tree = ET.fromstring(svg)  # noqa: S314 (our own output)
+    axis = tree.find(f"{{{SVG_NS}}}g[@class='x-axis']")
+    assert axis is not None
+    return [(float(text.get("x", "")), text.text or "") for text in axis.iter(f"{{{SVG_NS}}}text")]
+
+
+@pytest.mark.parametrize("grain", ["hour", "day"])
+def test_x_labels_are_at_least_a_label_apart_however_many_periods(grain):
+    start = datetime(2026, 11, 1, 0, 0, tzinfo=UTC)
+    for count in range(1, MAX_PERIODS[grain] + 1):
+        periods = [start + i * STEP[grain] for i in range(count)]
+        labels = [p.strftime("%m-%d" if grain == "day" else "%d %H:00") for p in periods]
+        every, first = label_spacing(periods, labels, grain)
+        shown = x_labels(line_chart("t", labels, [], label_every=every, first_label=first))
+
+        assert shown, count
+        for (left, text), (right, _) in itertools.pairwise(shown):
+            assert right - left >= label_width(text) + LABEL_GAP, (count, text)
+        for x, text in shown:  # within the canvas
+            assert label_width(text) / 2 <= x <= WIDTH - label_width(text) / 2
+        if grain == "hour" and every <= 24:  # on round hours
+            assert {int(text[-5:-3]) % every for _, text in shown} == {0}, count
+
+
+def test_a_chart_thins_labels_given_too_close_on_a_multiple_of_their_step():
+    labels = [f"11-{day:02} {hour:02}:00" for day in (1, 2) for hour in range(24)]  # 48 long ones
+    shown = x_labels(stacked_bars("t", labels, [Series("s", [1] * 48, "red")], label_every=2))
+
+    positions = [x for x, _ in shown]
+    assert all(
+        b - a >= label_width(labels[0]) + LABEL_GAP for a, b in itertools.pairwise(positions)
+    )
+    assert all(int(text[-5:-3]) % 2 == 0 for _, text in shown)  # still every 2nd hour's
+
+
+@pytest.mark.django_db
+def test_the_hourly_report_labels_round_hours(staff_client):
+    report_row("billing", TODAY - timedelta(hours=5), grain="hour")
+
+    page = staff_client.get("/ui/reports", {"grain": "hour"}).content.decode()
+
+    labels = x_labels(page[page.index("<svg") : page.index("</svg>") + 6])
+    assert 4 <= len(labels) <= 12
+    assert all(text.endswith(("00:00", "06:00", "12:00", "18:00")) for _, text in labels)
