@@ -84,12 +84,11 @@ from dispatch_harness import (
     wait_for,
 )
 from psycopg import sql
+from secondary_indexes import BIG_TABLES, require_valid_indexes, secondary_indexes
 from ui import (
-    BIG_TABLES,
     BROKER_RETRY_DELAYS,
     CHANNELS,
     CONSUMERS,
-    SECONDARY_INDEXES,
     create_database,
     data_steps,
     database_url,
@@ -440,9 +439,7 @@ def drop_indexes(conn: psycopg.Connection[Any]) -> None:
     the end, far faster than kept up row by row) and without autovacuum on them (it would scan
     what the next batch makes stale). Their definitions are kept for the index steps."""
     conn.execute("CREATE TABLE bench_scale_index (name text PRIMARY KEY, definition text)")
-    for name, definition in conn.execute(SECONDARY_INDEXES, [BIG_TABLES]).fetchall():
-        # A partitioned table's index reads `ON ONLY`, which would build no partition's index.
-        definition = definition.replace(" ON ONLY ", " ON ", 1)
+    for name, definition in secondary_indexes(conn):  # built again on every partition
         conn.execute("INSERT INTO bench_scale_index VALUES (%s, %s)", [name, definition])
         conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
     for table in leaf_tables(conn):
@@ -517,6 +514,7 @@ def load(builder: Builder) -> None:
     indexes = builder.conn.execute("SELECT name, definition FROM bench_scale_index ORDER BY name")
     for name, definition in indexes.fetchall():
         builder.step(f"index {name}", run_sql(definition))
+    require_valid_indexes(builder.conn)
     if has_column(builder.conn, "consumers_consumer", "last_failure_at"):  # since issue 20
         builder.step("last_failures", run_sql(steps["last_failures"]))
     builder.step("autovacuum back on", enable_autovacuum)

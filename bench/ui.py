@@ -46,6 +46,7 @@ from dispatch_harness import (
 )
 from ingest import free_port, stop, wait_until_serving
 from psycopg import sql
+from secondary_indexes import require_valid_indexes, secondary_indexes
 
 DEFAULT_DATABASE = "broker_bench_ui"
 DEFAULT_JOBS = 10_000_000
@@ -312,20 +313,12 @@ def has_column(conn: psycopg.Connection[Any], table: str, column: str) -> bool:
     return found.fetchone() is not None
 
 
-# The bulk load runs without the secondary indexes of the three big tables (built once at the
-# end, far faster than kept up row by row) and without foreign key triggers (the generated rows
-# are consistent by construction). Primary keys and unique constraints stay.
-BIG_TABLES = ["broker_message", "jobs_job", "jobs_deliveryattempt"]
-SECONDARY_INDEXES = """
-SELECT c.relname, pg_get_indexdef(i.indexrelid)
-FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
-WHERE t.relname = ANY(%s) AND NOT i.indisprimary
-    AND NOT EXISTS (SELECT FROM pg_constraint k WHERE k.conindid = i.indexrelid)
-"""
-
-
 def drop_secondary_indexes(conn: psycopg.Connection[Any]) -> list[str]:
-    found = conn.execute(SECONDARY_INDEXES, [BIG_TABLES]).fetchall()
+    """The bulk load runs without the secondary indexes of the three big tables (built once at
+    the end, far faster than kept up row by row) and without foreign key triggers (the generated
+    rows are consistent by construction); primary keys and unique constraints stay. Returns the
+    statements that build them again, on every partition."""
+    found = secondary_indexes(conn)
     for name, _ in found:
         conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
     return [definition for _, definition in found]
@@ -386,6 +379,7 @@ def build(args: argparse.Namespace, env: dict[str, str]) -> float:
         with timed(f"{len(indexes)} secondary indexes"):
             for definition in indexes:
                 conn.execute(definition)
+            require_valid_indexes(conn)
         if has_column(conn, "consumers_consumer", "last_failure_at"):  # since issue 20
             with timed("last_failures"):
                 conn.execute(data_steps()["last_failures"])

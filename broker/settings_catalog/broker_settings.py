@@ -179,6 +179,15 @@ class BrokerSettings(SettingGroup, section=BROKER):
         " this many jobs (about 0.1 s a million on 2 cores); above, they come from the job status"
         " summary; `0`: always the summary",
     )
+    BROKER_UI_STATEMENT_TIMEOUT_SECONDS = Setting(
+        Number(minimum=0.0, maximum=3600.0),
+        10.0,
+        "the longest one database statement of an operator UI page (`/ui/`) may run"
+        " (`statement_timeout`, set for the page's queries alone); PostgreSQL then stops it and"
+        " the page answers `503`, saying what to narrow, instead of holding a web server thread"
+        " until gunicorn kills the worker ([ui.md](ui.md#statement-timeout)). `0`: no limit",
+        shown_default="`10`",
+    )
     BROKER_GATEWAY_AUTH_MODE = Setting(
         Choice(GATEWAY_AUTH_MODES),
         "none",

@@ -13,12 +13,14 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from django.contrib.admin.views.decorators import staff_member_required
+from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
 from broker.admin_group import BROKER_ADMIN_GROUP
 from broker.ui.inputs import BadInput, check_path
+from broker.ui.statement_timeout import statement_timeout, timed_out, took_too_long
 
 # The permission of each page and action (the table in docs/ui.md).
 VIEW_JOBS = "jobs.view_job"
@@ -59,7 +61,8 @@ def operator_view(*, get: str | None = None, post: str | None = None) -> Callabl
     Anyone else who is not staff goes to the admin's login page and back; a staff user without
     the permission gets a 403 page naming it (a redirect to the login page would loop). Path
     segments are checked before the view runs, and BadInput from the view becomes a 400 page
-    naming the parameters.
+    naming the parameters. The view's statements run under the UI's statement timeout, and one
+    stopped by it makes a 503 page saying what to narrow (ui/statement_timeout.py).
     """
     permissions = {method: name for method, name in (("GET", get), ("POST", post)) if name}
 
@@ -69,11 +72,16 @@ def operator_view(*, get: str | None = None, post: str | None = None) -> Callabl
             try:
                 require(request, permissions[request.method or "GET"])
                 check_path(kwargs)
-                return view(request, *args, **kwargs)
+                with statement_timeout():
+                    return view(request, *args, **kwargs)
             except MissingPermission as missing:
                 return permission_needed(request, missing.permission)
             except BadInput as bad:
                 return bad_request(request, bad)
+            except OperationalError as error:
+                if not timed_out(error):
+                    raise  # the database unreachable: broker/api/errors.py answers it
+                return took_too_long(request)
 
         staff_only = staff_member_required(checked, login_url="admin:login")
         answered = require_http_methods(list(permissions))(staff_only)

@@ -64,6 +64,7 @@ EXPECTED_KINDS = {
     "BROKER_PARTITION_DAYS": Integer(minimum=1),
     "BROKER_LIVE_COUNT_MAX_JOBS": Integer(minimum=0),
     "BROKER_LIVE_COUNT_MAX_STATUS_JOBS": Integer(minimum=0),
+    "BROKER_UI_STATEMENT_TIMEOUT_SECONDS": Number(minimum=0.0, maximum=3600.0),
     "BROKER_GATEWAY_AUTH_MODE": Choice(("none", "hmac")),
     "BROKER_GATEWAY_HMAC_SECRET": Text(),
     "BROKER_GATEWAY_HMAC_TOLERANCE_SECONDS": Integer(minimum=1),

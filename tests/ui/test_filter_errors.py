@@ -4,6 +4,8 @@ typed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers import make_consumer
@@ -39,3 +41,32 @@ def test_the_page_keeps_what_was_typed_and_names_the_problem(
     assert f'value="{query[field]}"' in page  # the wrong value, as typed, to correct
     assert f'value="{typed}"' in page  # and the rest of the form
     assert 'class="site-nav"' in page or "<nav" in page  # inside the UI's layout
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "field", "fine"),
+    [
+        ("/ui/dead-jobs", {"since": "yesterday", "error": "x"}, "since", "error"),
+        ("/ui/consumers/orders/billing", {"status_code": "700"}, "status_code", "since"),
+        ("/ui/reports", {"until": "2026-13-45"}, "until", "channel"),
+        ("/ui/messages", {"channel": "no spaces allowed", "q": "x"}, "channel", "q"),
+    ],
+)
+def test_the_refused_field_is_described_by_its_problem(
+    staff_client, channel, path, query, field, fine
+):
+    """Issue 38: a screen reader reaching the field says what is wrong with it."""
+    make_consumer(channel)
+
+    page = staff_client.get(path, query).content.decode()
+
+    def tag(name: str) -> str:
+        found = re.search(rf'<(?:input|select)[^>]*\bname="{name}"[^>]*>', page)
+        assert found, name
+        return found.group(0)
+
+    assert f'aria-describedby="filter-error-{field}"' in tag(field)
+    assert 'aria-invalid="true"' in tag(field)
+    assert re.search(rf'<li id="filter-error-{field}"><code>{field}</code>: \w', page)
+    assert "aria-invalid" not in tag(fine)
+    assert "aria-describedby" not in tag(fine)
