@@ -1,13 +1,12 @@
 # The broker's container image: web server, dispatcher and housekeeping in one (docs/deploy.md).
 #
-# Needs BuildKit (the default builder of Docker 23 and later; DOCKER_BUILDKIT=1 with Debian's
-# docker.io 20.10) for the optional pip secrets below:
 #   docker build -t webhook-broker .
-# On a network that re-signs TLS with its own CA, or with a private package index:
-#   docker build --secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt \
-#                --secret id=pip_conf,src=$HOME/.config/pip/pip.conf -t webhook-broker .
-# Secrets are mounted for one RUN step of the builder stage only: they are in no layer, and the
-# builder stage is not part of the image.
+#
+# Any builder builds it: BuildKit (buildx) or the legacy builder of a docker CLI without buildx,
+# so no `RUN --mount`. What pip needs from the build host instead comes from deploy/pip/, copied
+# into the builder stage only (deploy/pip/README.md): ca.crt, a CA bundle for a network that
+# re-signs TLS with its own CA, and pip.conf, for a private package index. Neither is in the image:
+# the builder stage is not part of it.
 #
 # BASE_IMAGE: any Debian bookworm with python3 (3.11) and its venv module, used by both stages
 # so that the copied virtual environment finds the same interpreter at the same path.
@@ -18,12 +17,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_DEFAULT_TIMEOUT=120
 # python3, not python: a Debian base has only python3 (and needs its python3-venv package).
 RUN python3 -m venv /opt/venv
 WORKDIR /src
-# The pinned dependencies first, in a layer of their own that source changes do not rebuild.
-COPY requirements.txt requirements-otel.txt ./
-RUN --mount=type=secret,id=pip_cert --mount=type=secret,id=pip_conf \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
-    /opt/venv/bin/pip install -r requirements.txt -r requirements-otel.txt
+# What pip may need from the build host (deploy/pip/README.md); the directory always exists.
+COPY deploy/pip/ /pip/
+# The pinned dependencies first, in a layer of their own that source changes do not rebuild;
+# requirements-examples.txt is the example receiver's (docs/examples/receiver.py, the compose demo).
+COPY requirements.txt requirements-otel.txt requirements-examples.txt ./
+RUN if [ -s /pip/ca.crt ]; then export PIP_CERT=/pip/ca.crt; fi; \
+    if [ -s /pip/pip.conf ]; then export PIP_CONFIG_FILE=/pip/pip.conf; fi; \
+    /opt/venv/bin/pip install -r requirements.txt -r requirements-otel.txt \
+        -r requirements-examples.txt
 COPY pyproject.toml README.md ./
 COPY broker ./broker
 COPY consumers ./consumers
@@ -32,9 +34,8 @@ COPY spark_etl ./spark_etl
 COPY templates ./templates
 COPY static ./static
 # The package itself; its build backend (setuptools) is fetched for the build like any package.
-RUN --mount=type=secret,id=pip_cert --mount=type=secret,id=pip_conf \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+RUN if [ -s /pip/ca.crt ]; then export PIP_CERT=/pip/ca.crt; fi; \
+    if [ -s /pip/pip.conf ]; then export PIP_CONFIG_FILE=/pip/pip.conf; fi; \
     /opt/venv/bin/pip install --no-deps . && /opt/venv/bin/pip check
 
 FROM ${BASE_IMAGE} AS runtime
@@ -55,6 +56,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 # Static files are part of the image (WhiteNoise serves them), outside the data directory so a
 # volume mounted there cannot hide them.
 RUN django-admin collectstatic --noinput --verbosity 0
+# The example receiver, which verifies each webhook's signature (standardwebhooks is in the venv),
+# and the publisher of compose.yaml's `demo` profile: `python3 /opt/broker/examples/receiver.py`.
+COPY docs/examples/receiver.py docs/examples/demo_publisher.py /opt/broker/examples/
 WORKDIR /var/lib/broker
 USER 10001:10001
 EXPOSE 8000

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tarfile
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import ROOT
 
 BASE_IMAGE = "broker-base:bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -74,3 +78,25 @@ def build_base_image() -> None:
             assert tar.stdout is not None
             tar.stdout.close()
             tar.wait(timeout=60)
+
+
+def working_tree(archive: Path) -> Path:
+    """The files of the working tree that git knows of or would add, as they are now."""
+    listed = run(
+        tool("git"), "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT
+    ).stdout.split("\0")
+    with tarfile.open(archive, "w") as tar:
+        for name in filter(None, listed):
+            if (ROOT / name).exists():  # not a tracked file deleted in the working tree
+                tar.add(ROOT / name, arcname=name, recursive=False)
+    return archive
+
+
+def copy_of_working_tree(directory: Path) -> Path:
+    """The working tree's files (working_tree) in `directory`: images build from it, and what
+    a build or the docs' block writes there stays out of the clone."""
+    archive = directory.with_suffix(".tar")
+    with tarfile.open(working_tree(archive)) as tar:
+        tar.extractall(directory, filter="tar")
+    archive.unlink()
+    return directory

@@ -33,7 +33,13 @@ from jobs.models import Job
 from jobs.states import DELIVERED
 from tests import ROOT
 from tests.clock import skip_if_moved
-from tests.deploy.docker_base import BASE_IMAGE, ensure_base_image, run, tool
+from tests.deploy.docker_base import (
+    BASE_IMAGE,
+    copy_of_working_tree,
+    ensure_base_image,
+    run,
+    tool,
+)
 from tests.faults import report
 from tests.processes import free_port
 
@@ -47,26 +53,6 @@ BATCH = 200
 # At most this many of the consumer's jobs in flight: 200 take about 10 s, so the stop finds some
 # in flight (they drain) and most still queued (delivered after the restart).
 MAX_IN_FLIGHT = 20
-
-
-def buildkit_docker() -> str:
-    """A docker CLI that builds with BuildKit (the Dockerfile mounts build secrets): one with
-    the buildx plugin, or Debian's docker.io 20.10, whose CLI has BuildKit built in. A newer CLI
-    without buildx (Docker 23+) refuses DOCKER_BUILDKIT=1."""
-    candidates = [shutil.which("docker"), "/usr/bin/docker"]
-    for cli in dict.fromkeys(path for path in candidates if path and os.access(path, os.X_OK)):
-        buildx = subprocess.run([cli, "buildx", "version"], capture_output=True, check=False)
-        if buildx.returncode == 0:
-            return cli
-        version = subprocess.run(
-            [cli, "version", "--format", "{{.Client.Version}}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        if version and int(version.split(".")[0]) < 23:
-            return cli
-    pytest.fail("no docker CLI here builds with BuildKit (install buildx, or Debian's docker.io)")
 
 
 def compose_command() -> list[str]:
@@ -85,33 +71,34 @@ def pip_cert() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def images() -> dict[str, float]:
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
     """The base, broker and PostgreSQL images, built (the base only when absent), with how
-    long each took."""
+    long each took. Whichever builder the docker CLI has builds them (the Dockerfile mounts
+    nothing); the broker's image from a copy of the working tree, with this machine's CA bundle
+    as deploy/pip/ca.crt."""
     skip_if_moved()  # the stack runs on the real clock; the signatures' timestamps too
     timings = {}
     started = time.monotonic()
     ensure_base_image()
     timings["base_s"] = time.monotonic() - started
 
-    docker = buildkit_docker()
-    build = [docker, "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}"]
-    environment = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    build = [tool("docker"), "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}"]
     started = time.monotonic()
-    cert = pip_cert()
-    secret = ["--secret", f"id=pip_cert,src={cert}"] if cert else []
-    run(*build, *secret, "-t", BROKER_IMAGE, str(ROOT), env=environment)
+    context = copy_of_working_tree(tmp_path_factory.mktemp("stack") / "clone")
+    if cert := pip_cert():
+        shutil.copyfile(cert, context / "deploy" / "pip" / "ca.crt")
+    run(*build, "-t", BROKER_IMAGE, str(context))
     timings["broker_image_s"] = time.monotonic() - started
-    # The pip secret was mounted in the builder stage only: neither the runtime stage's history
-    # nor its environment mentions it.
+    # The CA bundle was in the builder stage only: neither the runtime stage's history nor its
+    # environment mentions it.
     history = run(tool("docker"), "history", "--no-trunc", BROKER_IMAGE).stdout
     environment_of_image = run(
         tool("docker"), "image", "inspect", "--format", "{{json .Config.Env}}", BROKER_IMAGE
     ).stdout
-    assert "pip_cert" not in history
+    assert "/pip/" not in history
     assert "PIP_" not in environment_of_image
     started = time.monotonic()
-    run(*build, "-t", POSTGRES_IMAGE, str(ROOT / "deploy" / "postgres"), env=environment)
+    run(*build, "-t", POSTGRES_IMAGE, str(context / "deploy" / "postgres"))
     timings["postgres_image_s"] = time.monotonic() - started
     return timings
 

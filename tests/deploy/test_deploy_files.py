@@ -32,6 +32,8 @@ MANIFESTS = [
     if document is not None
 ]
 PYTHON_SERVICES = ["migrate", "web", "dispatcher", "housekeeping"]
+# The `demo` profile (docs/deploy.md, "Try it with Docker"): started only with --profile demo.
+DEMO_SERVICES = ["demo-receiver", "demo-publisher"]
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -89,15 +91,21 @@ def test_the_image_sets_the_broker_up_and_serves_on_port_8000():
     assert ("WORKDIR", "/var/lib/broker") in stage
 
 
-def test_pip_reads_its_certificate_and_configuration_from_build_secrets_only():
+def test_any_builder_builds_it_and_pip_reads_the_build_hosts_files_in_the_builder_only():
     instructions = dockerfile()
+    # The legacy builder (a docker CLI without buildx) refuses RUN --mount.
+    assert not any("--mount" in arguments for _, arguments in instructions)
     installs = [a for name, a in instructions if name == "RUN" and "pip install" in a]
     assert len(installs) == 2  # the pinned requirements, then the package itself
     for install in installs:
-        assert "--mount=type=secret,id=pip_cert" in install
-        assert "--mount=type=secret,id=pip_conf" in install
+        assert "PIP_CERT=/pip/ca.crt" in install
+        assert "PIP_CONFIG_FILE=/pip/pip.conf" in install
+    assert "-r requirements-examples.txt" in installs[0]  # the example receiver's verifier
     assert "python3 -m venv /opt/venv" in " ".join(a for n, a in instructions if n == "RUN")
-    # Neither a build argument nor an environment variable carries them into a layer.
+    # deploy/pip/ goes into the builder stage only, and no variable carries it on.
+    builder = instructions[: len(instructions) - len(final_stage())]
+    assert ("COPY", "deploy/pip/ /pip/") in builder
+    assert not any("pip" in a for n, a in final_stage() if n == "COPY" and "--from" not in a)
     for name, arguments in instructions:
         if name in ("ARG", "ENV"):
             assert not re.search(r"CERT|PIP_CONF|INDEX|TOKEN|PASSWORD", arguments), arguments
@@ -114,6 +122,7 @@ def test_the_build_context_leaves_out_everything_but_what_the_build_reads():
     assert included == {
         "requirements.txt",
         "requirements-otel.txt",
+        "requirements-examples.txt",
         "pyproject.toml",
         "README.md",
         # The package's folders (README.md, "Layout"; broker/templates and broker/static link to
@@ -124,6 +133,10 @@ def test_the_build_context_leaves_out_everything_but_what_the_build_reads():
         "spark_etl",
         "templates",
         "static",
+        # What pip may need from the build host; the example receiver, the demo's publisher.
+        "deploy/pip",
+        "docs/examples/receiver.py",
+        "docs/examples/demo_publisher.py",
     }
 
 
@@ -133,7 +146,7 @@ def test_the_build_context_leaves_out_everything_but_what_the_build_reads():
 def test_compose_uses_only_what_compose_v1_and_v2_both_read():
     assert "version" not in COMPOSE  # optional since docker-compose 1.27, obsolete in v2
     assert {key for key in COMPOSE if not key.startswith("x-")} == {"services", "volumes"}
-    assert set(COMPOSE["services"]) == {"postgres", *PYTHON_SERVICES}
+    assert set(COMPOSE["services"]) == {"postgres", *PYTHON_SERVICES, *DEMO_SERVICES}
     for service in COMPOSE["services"].values():
         assert "scale" not in service  # deploy.replicas, which both honour
         assert "container_name" not in service  # would stop replicas and parallel projects
@@ -147,9 +160,11 @@ def test_compose_uses_only_what_compose_v1_and_v2_both_read():
 
 def test_every_compose_service_has_a_health_check_and_python_ones_an_init():
     for name, service in COMPOSE["services"].items():
+        if name == "demo-publisher":
+            continue  # a one-shot that nothing waits for
         assert service["healthcheck"]["test"][0] == "CMD", name
         assert not service["healthcheck"].get("disable"), name
-    for name in PYTHON_SERVICES:
+    for name in [*PYTHON_SERVICES, *DEMO_SERVICES]:
         assert COMPOSE["services"][name]["init"] is True, name
 
 
@@ -323,7 +338,7 @@ def commands_run() -> Iterator[tuple[str, list[str]]]:
     """(where, argv) of every command the deployment files run, `sh -c` scripts split up."""
     for name, service in COMPOSE["services"].items():
         yield f"compose {name}", service.get("command") or []
-        yield f"compose {name} healthcheck", service["healthcheck"]["test"][1:]
+        yield f"compose {name} healthcheck", service.get("healthcheck", {"test": []})["test"][1:]
     for name, spec in pod_specs():
         for container in containers(spec):
             yield f"{name} {container['name']}", container.get("command", [])

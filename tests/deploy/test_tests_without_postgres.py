@@ -23,7 +23,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tarfile
 import time
 import tomllib
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests import ROOT
-from tests.deploy.docker_base import BASE_IMAGE, ensure_base_image, run, tool
+from tests.deploy.docker_base import BASE_IMAGE, ensure_base_image, run, tool, working_tree
 from tests.embedded_database import PREFIX as EMBEDDED_SERVER_DIRECTORY
 from tests.faults import report
 from tests.tools import REQUIRE_TOOLS
@@ -54,18 +53,6 @@ def readme_command(marker: str) -> str:
     block = lines.index(f"<!-- {marker} -->") + 1
     assert lines[block].startswith("```sh")
     return lines[block + 1]
-
-
-def working_tree(archive: Path) -> Path:
-    """The files of the working tree that git knows of or would add, as they are now."""
-    listed = run(
-        tool("git"), "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT
-    ).stdout.split("\0")
-    with tarfile.open(archive, "w") as tar:
-        for name in filter(None, listed):
-            if (ROOT / name).exists():  # not a tracked file deleted in the working tree
-                tar.add(ROOT / name, arcname=name, recursive=False)
-    return archive
 
 
 def wheelhouse(directory: Path) -> Path:
