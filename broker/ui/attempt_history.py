@@ -1,5 +1,5 @@
 """A job's attempt rows on its page, each marked when it does not count towards the job's
-"Attempts 3 of 5" (docs/ui.md, "Job page").
+"Attempts 3 of 5" (docs/ui.md, "Job").
 
 The job's `attempts` counts the attempts since it last joined the queue as new work, while its
 DeliveryAttempt rows are every push attempt ever recorded. Two kinds of row are not counted, and

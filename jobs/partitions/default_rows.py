@@ -52,11 +52,8 @@ class DefaultRows:
 
 def default_partition_rows(limit: int = COUNT_LIMIT, using: str = "default") -> DefaultRows:
     """Count the rows of both DEFAULT partitions, up to `limit` each, in one query (the
-    dashboard's count of queries is fixed). On another database than PostgreSQL there is none."""
-    connection = connections[using]
-    if connection.vendor != "postgresql":
-        return DefaultRows(0, 0, limit)
-    with connection.cursor() as cursor:
+    dashboard's count of queries is fixed)."""
+    with connections[using].cursor() as cursor:
         cursor.execute(
             f"""SELECT (SELECT count(*) FROM (SELECT FROM "{JOBS.default}" LIMIT %s) AS jobs),
             (SELECT count(*) FROM (SELECT FROM "{ATTEMPTS.default}" LIMIT %s) AS attempts)""",  # noqa: S608

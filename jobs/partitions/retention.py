@@ -120,7 +120,7 @@ def place_default_jobs(now: datetime, days: int | None = None) -> int:
     them row by row. Moving a job is an UPDATE of its `partition_at` to that partition's start
     (the same as a carry forward: same ID, creation time and everything else), so it retires with
     that partition, never before its time: no DDL over a DEFAULT partition full of rows
-    (docs/scaling.md, "Rows no partition covers"). INFLIGHT jobs (their claim's outcome is
+    (docs/scaling.md, "Partitions"). INFLIGHT jobs (their claim's outcome is
     recorded by their partition key) and rows another transaction holds wait for the next run;
     so do rows past every partition, which move into theirs when it is made."""
     if not is_partitioned(JOBS):

@@ -1,4 +1,4 @@
-"""Rows no time partition covers (docs/scaling.md, "Rows no partition covers"): jobs and attempts
+"""Rows no time partition covers (docs/scaling.md, "Partitions"): jobs and attempts
 older than every partition wait in the DEFAULT partitions, retention takes them there by rows,
 the hourly maintenance places young jobs into a partition, and /_status, the dashboard and
 /metrics warn while any are there."""
