@@ -6,7 +6,7 @@ import pytest
 import time_machine
 from django.db import connection
 
-from tests import clock
+from tests import clock, flush
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The test client builds each request with the class broker.wsgi's application builds it with
     # (URLs and forms read as UTF-8), not with Django's own.
     test_client.WSGIRequest = Utf8WSGIRequest  # type: ignore[attr-defined]
+    flush.install()  # transactional tests' tables emptied by DELETE when they hold little
     days = config.getoption("--clock-ahead-days")
     if days:
         ahead = time_machine.travel(datetime.now(UTC) + timedelta(days=days), tick=True)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.db import connection
@@ -19,6 +22,9 @@ from tests import ROOT
 from tests.delivery import run_once
 from tests.helpers import make_operator
 from tests.tools import require_tool
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -91,29 +97,51 @@ def dispatch_once() -> list[AttemptResult]:
 
 # A phone's screen, as the operator review used (390 by 844 CSS pixels, touch; double density keeps
 # the screenshots small).
-PHONE = {
+PHONE: dict[str, Any] = {
     "viewport": {"width": 390, "height": 844},
     "device_scale_factor": 2,
     "is_mobile": True,
     "has_touch": True,
 }
+DESKTOP: dict[str, Any] = {"viewport": {"width": 1440, "height": 900}}
+# The two screens of tests that run on each (a fixture parametrized over the keys).
+SCREENS = {"desktop": DESKTOP, "phone": PHONE}
 
 
-def chromium_page(monkeypatch, screen):
-    """A headless Chromium page on `screen` (Playwright's new_page options), for a fixture to
-    yield; closed after the test."""
+@contextmanager
+def chromium_browser() -> Iterator[Browser]:
+    """A headless Chromium, for a module's browser tests to share (tests/ui/conftest.py:
+    `chromium`): starting Playwright's driver and the browser costs a second of CPU or more,
+    a new page in it a few milliseconds."""
     from playwright.sync_api import sync_playwright
 
     chromium = require_tool("chromium")
-    # Playwright's sync API keeps an event loop in this thread; the ORM calls the test makes
-    # between browser steps are still plain synchronous code.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
-        page = browser.new_page(**screen)
-        page.set_default_timeout(10_000)
+    # Playwright's sync API keeps an event loop in this thread while it runs; the ORM calls the
+    # tests make between browser steps are still plain synchronous code.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+def chromium_page(browser: Browser, screen: dict[str, Any]) -> Iterator[Page]:
+    """A page of its own (cookies, storage) on `screen` (Playwright's new_context options), for
+    a fixture to yield; closed after the test."""
+    context = browser.new_context(**screen)
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
         yield page
-        browser.close()
+    finally:
+        context.close()
         # The ORM work of the test ran in the context Playwright's sync API set up; its
         # connection would outlive the test and block the test database's teardown.
         connection.close()

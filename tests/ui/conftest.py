@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ui.browser import PHONE, chromium_page
+from tests.ui.browser import PHONE, SCREENS, chromium_browser, chromium_page
 
 
 @pytest.fixture
@@ -16,14 +16,27 @@ def staff_client(client):
     return client
 
 
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium for the browser tests of a module (tests/ui/browser.py)."""
+    with chromium_browser() as browser:
+        yield browser
+
+
 @pytest.fixture
-def page(monkeypatch):
+def page(chromium):
     """A headless Chromium page on a desktop screen (tests/ui/browser.py), closed after the
     test."""
-    yield from chromium_page(monkeypatch, {"viewport": {"width": 1280, "height": 800}})
+    yield from chromium_page(chromium, {"viewport": {"width": 1280, "height": 800}})
 
 
 @pytest.fixture
-def phone_page(monkeypatch):
+def phone_page(chromium):
     """The same on a phone's screen (PHONE)."""
-    yield from chromium_page(monkeypatch, PHONE)
+    yield from chromium_page(chromium, PHONE)
+
+
+@pytest.fixture(params=list(SCREENS))
+def screen(request, chromium):
+    """A Chromium page on each screen in turn: a desktop's (1440 by 900) and a phone's."""
+    yield from chromium_page(chromium, SCREENS[request.param])

@@ -48,9 +48,9 @@ FOCUS_RING = """() => {
 
 
 @pytest.fixture
-def wide_page(monkeypatch):
+def wide_page(chromium):
     """Chromium at 1440 px, the operator review's desktop width."""
-    yield from chromium_page(monkeypatch, {"viewport": {"width": 1440, "height": 900}})
+    yield from chromium_page(chromium, {"viewport": {"width": 1440, "height": 900}})
 
 
 def an_operators_day() -> dict[str, str]:

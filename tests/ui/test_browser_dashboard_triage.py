@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from django.utils import timezone
 
 from broker import publish
@@ -17,18 +16,11 @@ from consumers.models import Consumer
 from tests.delivery import push_consumer
 from tests.helpers import make_channel, make_producer
 from tests.receiver import Reply
-from tests.ui.browser import PHONE, browser_test, chromium_page, dispatch_once, log_in
+from tests.ui.browser import browser_test, dispatch_once, log_in
 
 pytestmark = browser_test
-SCREENS = {"desktop": {"viewport": {"width": 1440, "height": 900}}, "phone": PHONE}
 HEALTHY = 197
 BROKEN = ["zulu/gone", "zulu/rejects", "zulu/down"]  # most broken first: see below
-
-
-@pytest.fixture(params=list(SCREENS))
-def screen(request, monkeypatch):
-    """A Chromium page on each screen in turn."""
-    yield from chromium_page(monkeypatch, SCREENS[request.param])
 
 
 def two_hundred_consumers(receiver) -> None:

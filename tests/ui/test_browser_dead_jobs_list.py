@@ -15,18 +15,11 @@ from jobs.models import Job
 from jobs.queue.circuit import PROBE_NOT_COUNTED
 from jobs.states import QUEUED
 from tests.helpers import make_job
-from tests.ui.browser import PHONE, browser_test, chromium_page, log_in
+from tests.ui.browser import browser_test, log_in
 from tests.ui.test_dead_jobs import add_attempt, dead_job
 from tests.ui.test_reports import TODAY, report_row
 
 pytestmark = browser_test
-SCREENS = {"desktop": {"viewport": {"width": 1440, "height": 900}}, "phone": PHONE}
-
-
-@pytest.fixture(params=list(SCREENS))
-def screen(request, monkeypatch):
-    """A Chromium page on each screen in turn."""
-    yield from chromium_page(monkeypatch, SCREENS[request.param])
 
 
 def fits_the_screen(page) -> bool:

@@ -57,7 +57,8 @@ def test_search_a_message_and_replay_it(page, live_server, receiver):
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("text=Replay to billing")
     assert "replayed to billing" in page.locator(".messages").inner_text()
-    statuses = dict(Job.objects.values_list("consumer__public_id", "status"))
+    of_42 = Job.objects.filter(message__public_id="order-42")
+    statuses = dict(of_42.values_list("consumer__public_id", "status"))
     assert (statuses["billing"], statuses["audit"]) == (QUEUED, DELIVERED)
 
     results = dispatch_once()

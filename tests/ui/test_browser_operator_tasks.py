@@ -15,19 +15,12 @@ from jobs.states import DEAD
 from tests.delivery import push_consumer
 from tests.helpers import make_channel, make_producer
 from tests.receiver import Reply
-from tests.ui.browser import PHONE, browser_test, chromium_page, dispatch_once, log_in
+from tests.ui.browser import browser_test, dispatch_once, log_in
 
 pytestmark = browser_test
 REFUSAL = b"connection to clickhouse:9000 refused"
 # A receiver's long answer: the page shows its start, and the whole of it on demand.
 LONG_ANSWER = REFUSAL + b"; " + b"retrying the pool " * 30 + b"END-OF-ANSWER"
-SCREENS = {"desktop": {"viewport": {"width": 1440, "height": 900}}, "phone": PHONE}
-
-
-@pytest.fixture(params=list(SCREENS))
-def screen(request, monkeypatch):
-    """A Chromium page on each screen in turn."""
-    yield from chromium_page(monkeypatch, SCREENS[request.param])
 
 
 @pytest.fixture
