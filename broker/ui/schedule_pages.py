@@ -72,7 +72,7 @@ class ScheduleMessageForm(forms.Form):
     scheduled_for = forms.CharField(
         help_text="in UTC",
         # Text in ISO 8601, not the browser's date picker, which shows its locale's format.
-        widget=forms.TextInput(attrs={"placeholder": "2030-01-31 12:00"}),
+        widget=forms.TextInput(attrs={"placeholder": "e.g. 2030-01-31 12:00"}),
     )
 
     def clean_scheduled_for(self) -> datetime:

@@ -390,7 +390,7 @@ def test_the_create_form_proposes_a_time_the_minimum_delay_allows(staff_client, 
 
     form = response.context["form"]
     assert form.initial == {"channel": "orders", "scheduled_for": "2030-01-01T12:03"}
-    assert 'placeholder="2030-01-31 12:00"' in text(response)  # ISO, whatever the locale
+    assert 'placeholder="e.g. 2030-01-31 12:00"' in text(response)  # ISO, whatever the locale
 
 
 def test_cancel_deletes_a_message_not_yet_released(staff_client, orders, clock):
