@@ -16,14 +16,13 @@ from broker.models import Channel
 from broker.periodic_edits import PeriodicMessagePostForm, create_periodic
 from jobs.models import Job
 from jobs.queue import take_for_pull
-from tests.ui.browser import browser_test, chromium_page, log_in
+from tests.ui.browser import DESKTOP, browser_test, chromium_page, log_in
 from tests.ui.test_browser_consumers import some_consumers
 from tests.ui.test_reports import TODAY, report_row
 
 pytestmark = browser_test
 
 SCHEMES = ["light", "dark"]
-SCREENS = ["wide_page", "phone_page"]  # the fixtures: 1440 px here, 390 px (tests/ui/conftest.py)
 
 # Each visible text under 4.5:1 (3:1 if large) against its background, described (the file's
 # comment says how); without the comment, which page.evaluate would not take as a function.
@@ -50,7 +49,7 @@ FOCUS_RING = """() => {
 @pytest.fixture
 def wide_page(chromium):
     """Chromium at 1440 px, the operator review's desktop width."""
-    yield from chromium_page(chromium, {"viewport": {"width": 1440, "height": 900}})
+    yield from chromium_page(chromium, DESKTOP)
 
 
 def an_operators_day() -> dict[str, str]:
@@ -91,16 +90,17 @@ def main_pages(ids: dict[str, str]) -> list[str]:
     ]
 
 
-def test_every_text_has_enough_contrast_in_both_colour_schemes(wide_page, live_server):
+def test_every_text_has_enough_contrast_in_both_colour_schemes(screen, live_server):
+    """On a desktop and on a phone, whose pages show cards instead of some tables."""
     pages = main_pages(an_operators_day())
-    log_in(wide_page, live_server, "/ui/")
+    log_in(screen, live_server, "/ui/")
 
     failures = []
     for scheme in SCHEMES:
-        wide_page.emulate_media(color_scheme=scheme)
+        screen.emulate_media(color_scheme=scheme)
         for path in pages:
-            wide_page.goto(f"{live_server.url}{path}")
-            found = wide_page.evaluate(LOW_CONTRAST)
+            screen.goto(f"{live_server.url}{path}")
+            found = screen.evaluate(LOW_CONTRAST)
             failures += [f"{scheme} {path}: {failure}" for failure in found]
 
     assert not failures, "\n".join(failures)
@@ -126,9 +126,8 @@ def test_the_contrast_check_finds_text_too_faint(wide_page, live_server):
     assert failures[0].startswith('p.faint text "Auto-refresh": 2.3')  # 2.35:1
 
 
-@pytest.mark.parametrize("screen", SCREENS)
-def test_the_skip_link_comes_first_and_leads_past_the_navigation(request, live_server, screen):
-    page = request.getfixturevalue(screen)
+def test_the_skip_link_comes_first_and_leads_past_the_navigation(live_server, screen):
+    page = screen
     some_consumers("http://127.0.0.1:9/hook")
     log_in(page, live_server, "/ui/dead-jobs")
 
@@ -182,9 +181,8 @@ def test_a_refused_filter_is_described_by_its_problem(wide_page, live_server):
     expect(filters.locator("input[name=error]")).to_have_accessible_description("")
 
 
-@pytest.mark.parametrize("screen", SCREENS)
-def test_a_confirmation_keeps_its_action_apart_from_cancel(request, live_server, screen):
-    page = request.getfixturevalue(screen)
+def test_a_confirmation_keeps_its_action_apart_from_cancel(live_server, screen):
+    page = screen
     some_consumers("http://127.0.0.1:9/hook")
     log_in(page, live_server, "/ui/dead-jobs")
     page.locator("input[name=job]").first.check()
