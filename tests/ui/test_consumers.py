@@ -29,7 +29,6 @@ from tests.conftest import FORM
 from tests.helpers import make_channel, make_consumer, make_job, make_operator, make_producer
 from tests.receiver import Reply
 from tests.ui.paging import every_page
-from tests.ui.test_dashboard import job
 
 pytestmark = pytest.mark.django_db
 
@@ -701,8 +700,17 @@ def stats_attempt(consumer: Consumer, ago: timedelta, status_code: int | None) -
     started_at = timezone.now() - ago
     if not Producer.objects.filter(pk="shop").exists():
         make_producer()
+    message = Message.objects.create(
+        channel_id=consumer.channel_id,
+        producer_id="shop",
+        public_id=f"attempted-{Message.objects.count()}",
+        payload=b"{}",
+        content_type="application/json",
+        status=Message.Status.DISPATCHED,
+        received_at=started_at - timedelta(milliseconds=100),
+    )
     DeliveryAttempt.objects.create(
-        job=job(consumer, received_at=started_at - timedelta(milliseconds=100)),
+        job=Job.objects.create(message=message, consumer=consumer, status=QUEUED),
         consumer_id=consumer.pk,
         attempt_number=1,
         started_at=started_at,
