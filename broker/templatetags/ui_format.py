@@ -9,6 +9,9 @@ from django import template
 
 register = template.Library()
 
+# What a figure that does not apply shows (no attempts, no deliveries to take a percentile of).
+NOT_APPLICABLE = "—"
+
 
 @register.filter
 def utc(value: datetime | None) -> str:
@@ -35,7 +38,7 @@ def time_unit(largest_ms: float) -> tuple[int, str]:
 def duration(ms: float | None) -> str:
     """812 ms, 2.3 s, 38.1 min, 1.5 h; "—" for none."""
     if not isinstance(ms, int | float):
-        return "—"
+        return NOT_APPLICABLE
     size, symbol = time_unit(float(ms))
     value = float(ms) / size
     return f"{value:,.0f} {symbol}" if size == 1 else f"{value:,.1f} {symbol}"
@@ -46,7 +49,7 @@ def estimated_duration(ms: float | None) -> str:
     """A duration that is an estimate (a percentile read from histogram buckets, jobs/stats.py),
     marked as one: "≈ 365 ms"; "—" for none."""
     text = duration(ms)
-    return text if text == "—" else f"≈ {text}"
+    return text if text == NOT_APPLICABLE else f"≈ {text}"
 
 
 # Steps of an age in words, smallest first: (below this many seconds, seconds in its unit, unit).
@@ -74,7 +77,7 @@ def time_ago(age: timedelta | None) -> str:
 def thousands(number: int | float | None) -> str:
     """12,345; "—" for none."""
     if not isinstance(number, int | float):
-        return "—"
+        return NOT_APPLICABLE
     return f"{number:,}" if isinstance(number, int) else f"{number:,.0f}"
 
 

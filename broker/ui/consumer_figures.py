@@ -13,13 +13,12 @@ from datetime import datetime
 
 from django.utils.safestring import SafeString
 
-from broker.templatetags.ui_format import estimated_duration
+from broker.templatetags.ui_format import NOT_APPLICABLE, estimated_duration
 from broker.ui.dashboard import deliveries_chart
 from broker.ui.dashboard_rows import format_percent
 from consumers.models import Consumer
 from jobs.stats import HOUR, MINUTE, Tally, recent
 
-NOT_APPLICABLE = "—"
 # What each status-code class stands for on the page (Tally.status_classes' keys).
 CLASS_LABELS = {
     "2xx": "2xx (delivered)",

@@ -42,7 +42,7 @@ from broker.ui.consumer_forms import (
     NewConsumerForm,
     defaults,
 )
-from broker.ui.delivery_state import delivery_states, state_badges
+from broker.ui.delivery_state import delivery_states, state_badges, throttled
 from consumers import services
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
@@ -133,7 +133,7 @@ def consumer_detail(request: HttpRequest, channel_id: str, consumer_id: str) -> 
     context = {
         "consumer": consumer,
         "circuit": circuit.state(consumer, now),
-        "throttled": consumer.throttled_until is not None and consumer.throttled_until > now,
+        "throttled": throttled(consumer, now),
         "previous_secret_signs": len(consumer.active_signing_secrets(now)) > 1,
         "job_counts": job_counts(consumer),
         "test_event": request.session.pop(_test_event_key(consumer), None),

@@ -13,14 +13,13 @@ from urllib.parse import urlencode
 from django.http import QueryDict
 from django.urls import reverse
 
-from broker.templatetags.ui_format import estimated_duration
+from broker.templatetags.ui_format import NOT_APPLICABLE, estimated_duration
 from broker.ui.delivery_state import DeliveryState
 from consumers.models import Consumer
 from jobs.queue import circuit
 from jobs.queue_depth import QueueDepth
 from jobs.stats import Recent, Tally
 
-NOT_APPLICABLE = "—"
 # A consumer failing more than this share of its attempts in the last hour needs an operator
 # (one in twenty: a receiver that is down fails nearly all, a healthy one a few in ten thousand).
 FAILING_ABOVE = 0.05
