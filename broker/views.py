@@ -51,7 +51,9 @@ class StatusView(APIView):
 
     permission_classes = [IsAdminUnlessPublicStatus]
 
-    @extend_schema(responses={200: StatusSerializer, 503: StatusSerializer})
+    @extend_schema(
+        operation_id="get_status", responses={200: StatusSerializer, 503: StatusSerializer}
+    )
     def get(self, request: Request) -> Response:
         started = time.perf_counter()
         try:

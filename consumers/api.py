@@ -8,7 +8,12 @@ from django.db import transaction
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import (
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import serializers, status
 from rest_framework.fields import empty
 from rest_framework.request import Request
@@ -17,7 +22,7 @@ from rest_framework.views import APIView
 
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.pagination import url_page
-from broker.api.schema import IF_UNMODIFIED_SINCE
+from broker.api.schema import IF_UNMODIFIED_SINCE, PAGE_PARAMETERS
 from broker.api.serializers import (
     ListResultSerializer,
     StakeholderForm,
@@ -121,7 +126,11 @@ class ConsumerForm(StakeholderForm):
 
 
 class ConsumerListView(APIView):
-    @extend_schema(responses={200: ListResultSerializer})
+    @extend_schema(
+        operation_id="list_consumers",
+        parameters=PAGE_PARAMETERS,
+        responses={200: ListResultSerializer},
+    )
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
         return url_page(request, Consumer.objects.filter(channel=channel), consumer_url)
@@ -130,11 +139,14 @@ class ConsumerListView(APIView):
 class ConsumerDetailView(APIView):
     serializer_class = ConsumerSerializer
 
+    @extend_schema(operation_id="get_consumer")
     def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
         return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
 
-    @extend_schema(request=ConsumerForm, parameters=[IF_UNMODIFIED_SINCE])
+    @extend_schema(
+        operation_id="put_consumer", request=ConsumerForm, parameters=[IF_UNMODIFIED_SINCE]
+    )
     def put(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         validate_path_id(consumer_id, "consumer")
         form = read_form(request, ConsumerForm)
@@ -147,7 +159,9 @@ class ConsumerDetailView(APIView):
         consumer = services.save_consumer(channel, consumer_id, form, unmodified_since)
         return with_last_modified(Response(ConsumerSerializer(consumer).data), consumer.changed_at)
 
-    @extend_schema(responses={204: None}, parameters=[IF_UNMODIFIED_SINCE])
+    @extend_schema(
+        operation_id="delete_consumer", responses={204: None}, parameters=[IF_UNMODIFIED_SINCE]
+    )
     def delete(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         with transaction.atomic():
             consumer = get_object_or_404(
@@ -185,11 +199,12 @@ class PauseConsumerView(ConsumerServiceView):
 
     paused = True
 
-    @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
+    @extend_schema(operation_id="pause_consumer", request=None, responses={202: CONSUMER_AS_NOW})
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         return _accepted(services.pause_consumer(channel_id, consumer_id, self.paused))
 
 
+@extend_schema_view(post=extend_schema(operation_id="resume_consumer"))
 class ResumeConsumerView(PauseConsumerView):
     """Resume delivery of a paused consumer; resuming one that is not paused changes nothing."""
 
@@ -204,7 +219,9 @@ class CloseCircuitView(ConsumerServiceView):
     change (they are delivery activity, not settings). A closed circuit stays closed.
     """
 
-    @extend_schema(request=None, responses={202: CONSUMER_AS_NOW})
+    @extend_schema(
+        operation_id="close_consumer_circuit", request=None, responses={202: CONSUMER_AS_NOW}
+    )
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         return _accepted(services.close_circuit(channel_id, consumer_id))
 
@@ -234,13 +251,16 @@ class SigningSecretView(ConsumerServiceView):
     consumer JSON."""
 
     @extend_schema(
-        description="The current signing secret.", responses={200: SigningSecretSerializer}
+        operation_id="get_signing_secret",
+        description="The current signing secret.",
+        responses={200: SigningSecretSerializer},
     )
     def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
         return _secret_response(consumer)
 
     @extend_schema(
+        operation_id="rotate_signing_secret",
         description="Rotate: a new secret signs from now on, the old one too for 24 hours.",
         request=None,
         responses={200: SigningSecretSerializer},

@@ -123,6 +123,9 @@ class BroadcastBatchView(APIView):
                 "producer is over its allowance of schema checking "
                 "(BROKER_SCHEMA_STEPS_PER_SECOND); Retry-After gives the seconds to wait"
             ),
+            507: _error(
+                "the payload could not be stored (payload storage full or failing); retry later"
+            ),
         },
     )
     def post(self, request: Request, channel_id: str) -> Response:

@@ -17,7 +17,7 @@ from broker import event_catalogue
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.errors import ApiError
 from broker.api.pagination import url_page
-from broker.api.schema import IF_UNMODIFIED_SINCE
+from broker.api.schema import IF_UNMODIFIED_SINCE, PAGE_PARAMETERS
 from broker.api.serializers import ListResultSerializer, read_form
 from broker.models import Channel, EventType
 
@@ -58,7 +58,11 @@ class EventTypeForm(serializers.Serializer[Any]):
 
 
 class EventTypeListView(APIView):
-    @extend_schema(responses={200: ListResultSerializer})
+    @extend_schema(
+        operation_id="list_event_types",
+        parameters=PAGE_PARAMETERS,
+        responses={200: ListResultSerializer},
+    )
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
         return url_page(request, EventType.objects.filter(channel=channel), event_type_url)
@@ -67,11 +71,14 @@ class EventTypeListView(APIView):
 class EventTypeDetailView(APIView):
     serializer_class = EventTypeSerializer
 
+    @extend_schema(operation_id="get_event_type")
     def get(self, request: Request, channel_id: str, name: str) -> Response:
         entry = get_object_or_404(EventType, channel_id=channel_id, name=name)
         return _detail(entry)
 
-    @extend_schema(request=EventTypeForm, parameters=[IF_UNMODIFIED_SINCE])
+    @extend_schema(
+        operation_id="put_event_type", request=EventTypeForm, parameters=[IF_UNMODIFIED_SINCE]
+    )
     def put(self, request: Request, channel_id: str, name: str) -> Response:
         _check_name(name)
         form = read_form(request, EventTypeForm)
@@ -83,7 +90,9 @@ class EventTypeDetailView(APIView):
         entry = event_catalogue.save_entry(channel, name, form, unmodified_since)
         return _detail(entry)
 
-    @extend_schema(responses={204: None}, parameters=[IF_UNMODIFIED_SINCE])
+    @extend_schema(
+        operation_id="delete_event_type", responses={204: None}, parameters=[IF_UNMODIFIED_SINCE]
+    )
     def delete(self, request: Request, channel_id: str, name: str) -> Response:
         with transaction.atomic():
             entry = get_object_or_404(

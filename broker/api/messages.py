@@ -23,6 +23,7 @@ from broker.api.errors import ApiError
 from broker.api.pagination import url_page
 from broker.api.parsers import JsonBodyParser
 from broker.api.scheduled import PENDING, RELEASED, scheduled_messages_url
+from broker.api.schema import PAGE_PARAMETERS
 from broker.api.serializers import ErrorSerializer, ListResultSerializer, PayloadFieldsMixin
 from broker.models import Channel, Message
 from broker.replay import NotReplayable, ReplayResult, replay
@@ -52,7 +53,7 @@ class MessageSerializer(PayloadFieldsMixin):
 
 
 class MessageDetailView(APIView):
-    @extend_schema(responses={200: MessageSerializer})
+    @extend_schema(operation_id="get_message", responses={200: MessageSerializer})
     def get(self, request: Request, channel_id: str, message_id: str) -> Response:
         message = get_object_or_404(
             Message.objects.select_related("producer").prefetch_related("jobs__consumer"),
@@ -64,6 +65,7 @@ class MessageDetailView(APIView):
 
 class MessageListView(APIView):
     @extend_schema(
+        operation_id="list_messages",
         parameters=[
             OpenApiParameter(
                 "status",
@@ -71,7 +73,8 @@ class MessageListView(APIView):
                 many=True,
                 description="ACKNOWLEDGED or DISPATCHED (or webhook-broker's 101 / 102), or "
                 "SCHEDULED (not released yet; listed only when asked for)",
-            )
+            ),
+            *PAGE_PARAMETERS,
         ],
         responses={200: ListResultSerializer},
     )
@@ -113,7 +116,7 @@ class MessagesStatusSerializer(serializers.Serializer[Any]):
 
 
 class MessagesStatusView(APIView):
-    @extend_schema(responses={200: MessagesStatusSerializer})
+    @extend_schema(operation_id="get_messages_status", responses={200: MessagesStatusSerializer})
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
         found = _message_counts(channel)
@@ -203,6 +206,7 @@ class MessageReplayView(APIView):
     parser_classes = [FormParser, JsonBodyParser]
 
     @extend_schema(
+        operation_id="replay_message",
         request=ReplayForm,
         responses={
             202: OpenApiResponse(

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.errors import ApiError
 from broker.api.pagination import url_page
-from broker.api.schema import IF_UNMODIFIED_SINCE
+from broker.api.schema import IF_UNMODIFIED_SINCE, PAGE_PARAMETERS, error_response
 from broker.api.serializers import ListResultSerializer, encode_payload, read_form, validate_path_id
 from broker.models import Channel, PeriodicMessage
 from broker.periodic_edits import (
@@ -83,14 +83,22 @@ def _refused(error: InvalidPeriodicMessage) -> ApiError:
 
 
 class PeriodicMessageListView(APIView):
-    @extend_schema(responses={200: ListResultSerializer})
+    @extend_schema(
+        operation_id="list_periodic_messages",
+        parameters=PAGE_PARAMETERS,
+        responses={200: ListResultSerializer},
+    )
     def get(self, request: Request, channel_id: str) -> Response:
         channel = get_object_or_404(Channel, pk=channel_id)
         return url_page(request, PeriodicMessage.objects.filter(channel=channel), periodic_url)
 
     @extend_schema(
+        operation_id="create_periodic_message",
         request=PeriodicMessagePostForm,
-        responses={201: OpenApiResponse(PeriodicMessageSerializer, description="created")},
+        responses={
+            201: OpenApiResponse(PeriodicMessageSerializer, description="created"),
+            409: error_response("a periodic message with that ID exists"),
+        },
     )
     def post(self, request: Request, channel_id: str) -> Response:
         form = read_form(request, PeriodicMessagePostForm)
@@ -109,6 +117,7 @@ class PeriodicMessageListView(APIView):
 class PeriodicMessageDetailView(APIView):
     serializer_class = PeriodicMessageSerializer
 
+    @extend_schema(operation_id="get_periodic_message")
     def get(self, request: Request, channel_id: str, periodic_id: str) -> Response:
         schedule = get_object_or_404(
             PeriodicMessage.objects.select_related("last_message"),
@@ -117,7 +126,15 @@ class PeriodicMessageDetailView(APIView):
         )
         return _detail(schedule)
 
-    @extend_schema(request=PeriodicMessageForm, parameters=[IF_UNMODIFIED_SINCE])
+    @extend_schema(
+        operation_id="put_periodic_message",
+        request=PeriodicMessageForm,
+        responses={
+            200: PeriodicMessageSerializer,
+            409: error_response("created at the same moment by another request"),
+        },
+        parameters=[IF_UNMODIFIED_SINCE],
+    )
     def put(self, request: Request, channel_id: str, periodic_id: str) -> Response:
         validate_path_id(periodic_id, "periodic message")
         form = read_form(request, PeriodicMessageForm)
@@ -134,7 +151,11 @@ class PeriodicMessageDetailView(APIView):
             raise _refused(error) from None
         return _detail(schedule)
 
-    @extend_schema(responses={204: None}, parameters=[IF_UNMODIFIED_SINCE])
+    @extend_schema(
+        operation_id="delete_periodic_message",
+        responses={204: None},
+        parameters=[IF_UNMODIFIED_SINCE],
+    )
     def delete(self, request: Request, channel_id: str, periodic_id: str) -> Response:
         def unmodified_since(schedule: PeriodicMessage) -> None:
             require_unmodified_since(request, schedule.changed_at)

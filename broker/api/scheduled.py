@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
 from broker.api.pagination import paginate
+from broker.api.schema import PAGE_PARAMETERS
 from broker.api.serializers import ErrorSerializer, PagesSerializer, encode_payload
 from broker.models import Channel, Message
 from broker.payloads import PAYLOAD_MISSING, PayloadMissing
@@ -104,6 +105,7 @@ class ScheduledListSerializer(serializers.Serializer[Any]):
 
 class ScheduledMessageListView(APIView):
     @extend_schema(
+        operation_id="list_scheduled_messages",
         parameters=[
             OpenApiParameter(
                 "status",
@@ -111,7 +113,8 @@ class ScheduledMessageListView(APIView):
                 many=True,
                 description="SCHEDULED (not released yet) or DISPATCHED (released), or "
                 "webhook-broker's 101 / 102",
-            )
+            ),
+            *PAGE_PARAMETERS,
         ],
         responses={200: ScheduledListSerializer},
     )
@@ -139,7 +142,9 @@ def _status(value: str) -> str:
 
 
 class ScheduledMessageDetailView(APIView):
-    @extend_schema(responses={200: ScheduledMessageSerializer})
+    @extend_schema(
+        operation_id="get_scheduled_message", responses={200: ScheduledMessageSerializer}
+    )
     def get(self, request: Request, channel_id: str, message_id: str) -> Response:
         message = get_object_or_404(
             Message, channel_id=channel_id, public_id=message_id, scheduled_for__isnull=False
@@ -147,11 +152,12 @@ class ScheduledMessageDetailView(APIView):
         return Response(ScheduledMessageSerializer(message).data)
 
     @extend_schema(
+        operation_id="cancel_scheduled_message",
         responses={
             204: OpenApiResponse(description="cancelled: the message is deleted"),
             404: OpenApiResponse(ErrorSerializer, description="no such scheduled message"),
             409: OpenApiResponse(ErrorSerializer, description="already released"),
-        }
+        },
     )
     def delete(self, request: Request, channel_id: str, message_id: str) -> Response:
         try:

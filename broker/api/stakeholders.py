@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from broker.api.conditional import require_unmodified_since, with_last_modified
 from broker.api.errors import ApiError
 from broker.api.pagination import url_page
-from broker.api.schema import IF_UNMODIFIED_SINCE
+from broker.api.schema import IF_UNMODIFIED_SINCE, PAGE_PARAMETERS
 from broker.api.serializers import (
     ListResultSerializer,
     StakeholderForm,
@@ -81,7 +81,7 @@ class StakeholderListView(APIView):
     model: ClassVar[type[Producer] | type[Channel]]
     path: ClassVar[str]
 
-    @extend_schema(responses={200: ListResultSerializer})
+    @extend_schema(parameters=PAGE_PARAMETERS, responses={200: ListResultSerializer})
     def get(self, request: Request) -> Response:
         return url_page(request, self.model.objects.all(), lambda item: f"/{self.path}/{item.pk}")
 
@@ -119,17 +119,21 @@ class StakeholderDetailView(APIView):
         for a producer."""
 
 
+@extend_schema_view(get=extend_schema(operation_id="list_producers"))
 class ProducerListView(StakeholderListView):
     model = Producer
     path = "producer"
 
 
+@extend_schema_view(get=extend_schema(operation_id="get_producer"))
 class ProducerDetailView(StakeholderDetailView):
     model = Producer
     serializer_class = ProducerSerializer
     form_class = ProducerForm
 
-    @extend_schema(request=ProducerForm, parameters=[IF_UNMODIFIED_SINCE])
+    @extend_schema(
+        operation_id="put_producer", request=ProducerForm, parameters=[IF_UNMODIFIED_SINCE]
+    )
     def put(self, request: Request, resource_id: str) -> Response:
         return super().put(request, resource_id)
 
@@ -142,11 +146,15 @@ class ProducerDetailView(StakeholderDetailView):
             raise ApiError(status.HTTP_400_BAD_REQUEST, str(error)) from None
 
 
+@extend_schema_view(get=extend_schema(operation_id="list_channels"))
 class ChannelListView(StakeholderListView):
     model = Channel
     path = "channel"
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="get_channel"), put=extend_schema(operation_id="put_channel")
+)
 class ChannelDetailView(StakeholderDetailView):
     model = Channel
     serializer_class = ChannelSerializer

@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 from broker.api.auth import IsBrokerAdmin, is_broker_admin
 from broker.api.errors import ApiError
 from broker.api.pagination import paginate
+from broker.api.schema import PAGE_PARAMETERS
 from broker.api.serializers import PagesSerializer, read_form
 from consumers.models import Consumer
 from jobs.api.access import authorized_consumer
@@ -93,7 +94,11 @@ class DeadLetterQueueView(APIView):
         # webhook-broker) or by an admin; purge by the channel and consumer tokens.
         return super().get_permissions() if self.request.method == "GET" else []
 
-    @extend_schema(responses={200: DeadJobsSerializer})
+    @extend_schema(
+        operation_id="list_dead_jobs",
+        parameters=PAGE_PARAMETERS,
+        responses={200: DeadJobsSerializer},
+    )
     def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
         dead = Job.objects.filter(consumer=consumer, status=DEAD).select_related(
@@ -102,7 +107,9 @@ class DeadLetterQueueView(APIView):
         items, pages = paginate(request, dead, keys=("status_changed_at", "pk"))
         return Response({"DeadJobs": JobLinksSerializer(items, many=True).data, "Pages": pages})
 
-    @extend_schema(request=RequeueForm, responses={202: RequeuedSerializer})
+    @extend_schema(
+        operation_id="requeue_dead_jobs", request=RequeueForm, responses={202: RequeuedSerializer}
+    )
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         form = read_form(request, RequeueForm)
         consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)
@@ -119,7 +126,9 @@ class DeadLetterQueueView(APIView):
         return answer(action, "requeuedCount", status.HTTP_202_ACCEPTED)
 
     @extend_schema(
-        parameters=TOKEN_HEADERS, responses={200: DeletedSerializer, 202: PurgeGoesOnSerializer}
+        operation_id="purge_dead_jobs",
+        parameters=TOKEN_HEADERS,
+        responses={200: DeletedSerializer, 202: PurgeGoesOnSerializer},
     )
     def delete(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         consumer = authorized_consumer(
@@ -134,7 +143,11 @@ class DeadLetterActionView(APIView):
     # An admin, or the channel and consumer tokens (as the purge): checked in `get`.
     permission_classes: Sequence[Any] = []
 
-    @extend_schema(parameters=TOKEN_HEADERS, responses={200: DeadLetterActionSerializer})
+    @extend_schema(
+        operation_id="get_dead_letter_action",
+        parameters=TOKEN_HEADERS,
+        responses={200: DeadLetterActionSerializer},
+    )
     def get(self, request: Request, channel_id: str, consumer_id: str, action_id: str) -> Response:
         if IsBrokerAdmin().has_permission(request, self):
             consumer = get_object_or_404(Consumer, channel_id=channel_id, public_id=consumer_id)

@@ -19,11 +19,12 @@ class MetricsView(APIView):
     permission_classes = [IsAdminUnlessPublicMetrics]
 
     @extend_schema(
+        operation_id="get_metrics",
         responses={
             (200, "text/plain"): OpenApiResponse(
                 OpenApiTypes.STR, description="Prometheus text exposition format"
             )
-        }
+        },
     )
     def get(self, request: Request) -> HttpResponse:
         return HttpResponse(

@@ -26,6 +26,7 @@ from rest_framework.views import APIView
 
 from broker.api.errors import ApiError
 from broker.api.parsers import JsonBodyParser
+from broker.api.schema import PULL_ONLY_ERRORS, error_response
 from broker.api.serializers import ErrorSerializer
 from broker.parsing import parse_int
 from broker.storable_text import read_json
@@ -96,11 +97,12 @@ def _bounded_int(raw: Any, name: str, default: int, high: int) -> int:
 
 class QueuedJobsView(TokenView):
     @extend_schema(
+        operation_id="list_queued_jobs",
         parameters=[
             *TOKEN_HEADERS,
             OpenApiParameter("limit", int, description="default 25, max 100"),
         ],
-        responses={200: QueuedJobsSerializer},
+        responses={200: QueuedJobsSerializer, **PULL_ONLY_ERRORS},
     )
     def get(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
@@ -125,14 +127,16 @@ class ClaimView(TokenView):
     parser_classes = [FormParser, JsonBodyParser]
 
     @extend_schema(
+        operation_id="claim_jobs",
         parameters=TOKEN_HEADERS,
         request=ClaimForm,
         responses={
+            **PULL_ONLY_ERRORS,
             200: OpenApiResponse(
                 QueuedJobsSerializer,
                 description="the jobs taken, maybe none; with `Retry-After` (seconds) when the"
                 " claim could not wait (no waiting place free, or the server stopping)",
-            )
+            ),
         },
     )
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
@@ -179,15 +183,21 @@ class TransitionRequest(serializers.Serializer[Any]):
 
 
 class JobView(TokenView):
-    @extend_schema(parameters=JOB_PARAMETERS, responses={200: JobLinksSerializer})
+    @extend_schema(
+        operation_id="get_job",
+        parameters=JOB_PARAMETERS,
+        responses={200: JobLinksSerializer, **PULL_ONLY_ERRORS},
+    )
     def get(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
         return Response(JobLinksSerializer(consumer_job(consumer, job_id)).data)
 
     @extend_schema(
+        operation_id="transition_job",
         parameters=JOB_PARAMETERS,
         request={"application/json": TransitionRequest},
         responses={
+            **PULL_ONLY_ERRORS,
             202: OpenApiResponse(description="moved, or already in that state"),
             409: OpenApiResponse(
                 ErrorSerializer, description="moving to INFLIGHT while the consumer is paused"
@@ -223,7 +233,11 @@ class JobView(TokenView):
             _move(job, target, timeout)
         return Response(status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(parameters=JOB_PARAMETERS, responses={204: None})
+    @extend_schema(
+        operation_id="delete_dead_job",
+        parameters=JOB_PARAMETERS,
+        responses={204: None, 404: error_response("no such job, or it is not DEAD")},
+    )
     def delete(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         """Delete one dead job (any consumer type)."""
         consumer = authorized_consumer(
@@ -282,7 +296,12 @@ def _move(job: Job, target: str, timeout: int) -> None:
 
 
 class RequeueDeadJobView(TokenView):
-    @extend_schema(parameters=JOB_PARAMETERS, request=None, responses={202: None})
+    @extend_schema(
+        operation_id="requeue_dead_job",
+        parameters=JOB_PARAMETERS,
+        request=None,
+        responses={202: None, 400: error_response("the job is not DEAD")},
+    )
     def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=False)
         job = consumer_job(consumer, job_id)

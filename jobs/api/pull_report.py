@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from broker.api.errors import ApiError
+from broker.api.schema import PULL_ONLY_ERRORS
 from broker.api.serializers import ErrorSerializer
 from jobs.api.access import authorized_consumer
 from jobs.api.pull import (
@@ -79,9 +80,11 @@ class ReportResponse(serializers.Serializer[Any]):
 
 class ReportView(TokenView):
     @extend_schema(
+        operation_id="report_jobs",
         parameters=TOKEN_HEADERS,
         request={"application/json": ReportRequest},
         responses={
+            **PULL_ONLY_ERRORS,
             200: OpenApiResponse(ReportResponse, description="a result per job, in their order"),
             400: OpenApiResponse(ErrorSerializer, description="a bad request: nothing changed"),
         },

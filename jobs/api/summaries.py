@@ -74,7 +74,7 @@ def _consumers(ids: set[int]) -> dict[int, Consumer]:
 
 
 class DlqStatusView(APIView):
-    @extend_schema(responses={200: DlqStatusSerializer})
+    @extend_schema(operation_id="get_dlq_status", responses={200: DlqStatusSerializer})
     def get(self, request: Request) -> Response:
         dead = status_counts([DEAD], times=False)
         counts = {count.consumer_id: count for count in dead.counts}
@@ -97,12 +97,13 @@ class DlqStatusView(APIView):
 
 class JobStatusView(APIView):
     @extend_schema(
+        operation_id="get_job_status",
         responses={
             200: OpenApiResponse(
                 description="channel ID -> consumer ID -> counts per job status",
                 response=JOB_STATUS_SCHEMA,
             )
-        }
+        },
     )
     def get(self, request: Request) -> Response:
         counts = sorted(status_counts().counts, key=lambda count: (count.consumer_id, count.status))
