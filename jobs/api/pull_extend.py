@@ -19,6 +19,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from broker.api.schema import PULL_ONLY_ERRORS
 from broker.api.serializers import ErrorSerializer
 from jobs.api.access import authorized_consumer
 from jobs.api.pull import MAX_INCREMENTAL_TIMEOUT, TOKEN_HEADERS, TokenView, json_object, wire_keys
@@ -49,11 +50,13 @@ class ExtendResponse(serializers.Serializer[Any]):
 
 class ExtendView(TokenView):
     @extend_schema(
+        operation_id="extend_jobs",
         parameters=TOKEN_HEADERS,
         request={"application/json": ExtendRequest},
         responses={
             200: OpenApiResponse(ExtendResponse, description="a result per job, in their order"),
             400: OpenApiResponse(ErrorSerializer, description="a bad request: nothing changed"),
+            **PULL_ONLY_ERRORS,
         },
     )
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
