@@ -15,7 +15,10 @@ const cli = join(root, "node_modules", ".bin", "openapi-typescript");
 const check = process.argv.includes("--check");
 
 function generate(output) {
-  execFileSync(cli, [schema, "--output", output], { cwd: root, stdio: ["ignore", "ignore", "inherit"] });
+  execFileSync(cli, [schema, "--output", output], {
+    cwd: root,
+    stdio: ["ignore", "ignore", "inherit"],
+  });
 }
 
 if (!existsSync(schema)) {

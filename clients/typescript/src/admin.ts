@@ -58,7 +58,11 @@ export class Admin {
   private readonly http: HttpClient;
 
   constructor(options: AdminOptions) {
-    this.http = new HttpClient(options.baseUrl, { Authorization: `Bearer ${options.token}` }, options);
+    this.http = new HttpClient(
+      options.baseUrl,
+      { Authorization: `Bearer ${options.token}` },
+      options,
+    );
   }
 
   // The broker as a whole.
@@ -89,7 +93,11 @@ export class Admin {
   }
 
   /** Creates or updates a producer; `Token` is in the answer only when this call set it. */
-  async putProducer(producerId: string, fields: ProducerFields, options?: WriteOptions): Promise<Producer> {
+  async putProducer(
+    producerId: string,
+    fields: ProducerFields,
+    options?: WriteOptions,
+  ): Promise<Producer> {
     return (await this.put(path`/producer/${producerId}`, { ...fields }, options)) as Producer;
   }
 
@@ -103,7 +111,11 @@ export class Admin {
   }
 
   /** Creates or updates a channel; `Token` is in the answer only when this call set it. */
-  async putChannel(channelId: string, fields: ChannelFields, options?: WriteOptions): Promise<Channel> {
+  async putChannel(
+    channelId: string,
+    fields: ChannelFields,
+    options?: WriteOptions,
+  ): Promise<Channel> {
     return (await this.put(path`/channel/${channelId}`, { ...fields }, options)) as Channel;
   }
 
@@ -125,11 +137,19 @@ export class Admin {
     fields: ConsumerFields,
     options?: WriteOptions,
   ): Promise<Consumer> {
-    return (await this.put(consumerPath(channelId, consumerId), { ...fields }, options)) as Consumer;
+    return (await this.put(
+      consumerPath(channelId, consumerId),
+      { ...fields },
+      options,
+    )) as Consumer;
   }
 
   /** Deletes a consumer with its jobs (queued, in flight and dead). */
-  async deleteConsumer(channelId: string, consumerId: string, options?: WriteOptions): Promise<void> {
+  async deleteConsumer(
+    channelId: string,
+    consumerId: string,
+    options?: WriteOptions,
+  ): Promise<void> {
     const resource = consumerPath(channelId, consumerId);
     const since = await this.precondition(resource, options);
     await this.http.send({ method: "DELETE", path: resource, headers: since });
@@ -167,7 +187,10 @@ export class Admin {
   }
 
   /** The IDs of a channel's messages, newest first; `status` filters (names or numbers). */
-  messages(channelId: string, options: { status?: readonly string[] } = {}): AsyncGenerator<string> {
+  messages(
+    channelId: string,
+    options: { status?: readonly string[] } = {},
+  ): AsyncGenerator<string> {
     return this.ids(path`/channel/${channelId}/messages`, { status: options.status });
   }
 
@@ -176,13 +199,19 @@ export class Admin {
   }
 
   /** Delivers a delivered message again, to one consumer or to every one. */
-  async replayMessage(channelId: string, messageId: string, options: { consumer?: string } = {}): Promise<Replay> {
+  async replayMessage(
+    channelId: string,
+    messageId: string,
+    options: { consumer?: string } = {},
+  ): Promise<Replay> {
     const resource = path`/channel/${channelId}/message/${messageId}/replay`;
     return (await this.post(resource, { consumer: options.consumer })) as Replay;
   }
 
   async getScheduledMessage(channelId: string, messageId: string): Promise<ScheduledMessage> {
-    return (await this.get(path`/channel/${channelId}/scheduled-message/${messageId}`)) as ScheduledMessage;
+    return (await this.get(
+      path`/channel/${channelId}/scheduled-message/${messageId}`,
+    )) as ScheduledMessage;
   }
 
   /** Cancels a scheduled message not released yet. */
@@ -217,7 +246,11 @@ export class Admin {
   }
 
   /** Deletes the consumer's dead jobs; the broker asks for the consumer's own tokens here. */
-  async purgeDeadJobs(channelId: string, consumerId: string, tokens: ConsumerTokens): Promise<Purged> {
+  async purgeDeadJobs(
+    channelId: string,
+    consumerId: string,
+    tokens: ConsumerTokens,
+  ): Promise<Purged> {
     const answer = await this.http.send({
       method: "DELETE",
       path: consumerPath(channelId, consumerId) + "/dlq",
@@ -230,7 +263,11 @@ export class Admin {
   }
 
   /** How far a requeue or purge that went on in the background got. */
-  async dlqAction(channelId: string, consumerId: string, actionId: string): Promise<DeadLetterAction> {
+  async dlqAction(
+    channelId: string,
+    consumerId: string,
+    actionId: string,
+  ): Promise<DeadLetterAction> {
     const resource = consumerPath(channelId, consumerId) + path`/dlq/action/${actionId}`;
     return (await this.get(resource)) as DeadLetterAction;
   }
@@ -254,8 +291,15 @@ export class Admin {
     options?: WriteOptions,
   ): Promise<EventType> {
     const { schema, description } = fields;
-    const form = { description, schema: typeof schema === "object" && schema !== null ? JSON.stringify(schema) : schema };
-    return (await this.put(path`/channel/${channelId}/event-type/${name}`, form, options)) as EventType;
+    const form = {
+      description,
+      schema: typeof schema === "object" && schema !== null ? JSON.stringify(schema) : schema,
+    };
+    return (await this.put(
+      path`/channel/${channelId}/event-type/${name}`,
+      form,
+      options,
+    )) as EventType;
   }
 
   async deleteEventType(channelId: string, name: string, options?: WriteOptions): Promise<void> {
@@ -277,11 +321,16 @@ export class Admin {
 
   private async put(resource: string, form: Form, options?: WriteOptions): Promise<unknown> {
     const headers = await this.precondition(resource, options);
-    return (await this.http.send({ method: "PUT", path: resource, headers, body: encodeForm(form) })).body;
+    return (
+      await this.http.send({ method: "PUT", path: resource, headers, body: encodeForm(form) })
+    ).body;
   }
 
   /** If-Unmodified-Since for a write: the caller's, else the resource's Last-Modified now. */
-  private async precondition(resource: string, options?: WriteOptions): Promise<Record<string, string>> {
+  private async precondition(
+    resource: string,
+    options?: WriteOptions,
+  ): Promise<Record<string, string>> {
     const given = options?.ifUnmodifiedSince;
     if (given !== undefined) {
       return { "If-Unmodified-Since": given instanceof Date ? given.toUTCString() : given };
@@ -296,8 +345,12 @@ export class Admin {
     }
   }
 
-  private async *ids(listPath: string, query: Record<string, readonly string[] | undefined> = {}): AsyncGenerator<string> {
-    for await (const url of eachItem(this.http, listPath, query, resultUrls)) yield lastSegment(url);
+  private async *ids(
+    listPath: string,
+    query: Record<string, readonly string[] | undefined> = {},
+  ): AsyncGenerator<string> {
+    for await (const url of eachItem(this.http, listPath, query, resultUrls))
+      yield lastSegment(url);
   }
 }
 
@@ -305,12 +358,15 @@ function consumerPath(channelId: string, consumerId: string): string {
   return path`/channel/${channelId}/consumer/${consumerId}`;
 }
 
-/** A form body: lists joined with commas, null as a blank field (the default), undefined left out. */
+/** A form body: lists joined with commas, null a blank field (the default), undefined left out. */
 function encodeForm(form: Form): URLSearchParams {
   const params = new URLSearchParams();
   for (const [key, value] of Object.entries(form)) {
     if (value === undefined) continue;
-    params.append(key, value === null ? "" : Array.isArray(value) ? value.join(",") : String(value));
+    params.append(
+      key,
+      value === null ? "" : Array.isArray(value) ? value.join(",") : String(value),
+    );
   }
   return params;
 }

@@ -6,10 +6,11 @@ import { BrokerError, BrokerUnavailable, errorClassFor, messageOf } from "./erro
 
 /**
  * When to try again. A request is retried after a connection failure or timeout and after a 5xx
- * or 429 answer, at most `tries` times in all; between tries it waits the broker's Retry-After
- * when it sent one (at most `maxRetryAfterMs`), else an exponential delay from `initialDelayMs`
- * doubling up to `maxDelayMs`, of which a random half is taken off (jitter), so clients that
- * failed together do not all come back at the same moment.
+ * or 429 answer, at most `tries` times in all (the first included). Between tries it waits the
+ * broker's Retry-After when it sent one (longer than `maxRetryAfterMs`: it gives up at once and
+ * throws), else an exponential delay from `initialDelayMs` doubling up to `maxDelayMs`, drawn
+ * between half and all of it (jitter), so clients that failed together do not all come back at
+ * the same moment. The same rule as the Python client's.
  */
 export interface RetryPolicy {
   tries: number;
@@ -85,7 +86,9 @@ export class HttpClient {
         return await this.sendOnce(spec);
       } catch (error) {
         if (attempt >= tries || !isRetryable(error)) throw error;
-        await sleep(this.delayBefore(attempt, error));
+        const delay = this.delayBefore(attempt, error as BrokerError);
+        if (delay === null) throw error;
+        await sleep(delay);
       }
     }
   }
@@ -130,9 +133,10 @@ export class HttpClient {
     throw refusal(response, body);
   }
 
-  private delayBefore(attempt: number, error: unknown): number {
-    const retryAfter = error instanceof BrokerError ? error.retryAfterMs : null;
-    if (retryAfter !== null) return Math.min(retryAfter, this.retry.maxRetryAfterMs);
+  /** Milliseconds to wait after `attempt` failed tries, or null: a Retry-After too long to wait. */
+  private delayBefore(attempt: number, error: BrokerError): number | null {
+    const retryAfter = error.retryAfterMs;
+    if (retryAfter !== null) return retryAfter <= this.retry.maxRetryAfterMs ? retryAfter : null;
     const ceiling = Math.min(this.retry.maxDelayMs, this.retry.initialDelayMs * 2 ** (attempt - 1));
     return ceiling / 2 + Math.random() * (ceiling / 2);
   }

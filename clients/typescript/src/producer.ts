@@ -162,7 +162,8 @@ function encodePayload(payload: Payload): { body: string | Uint8Array; contentTy
   if (typeof payload === "string") {
     return { body: payload, contentType: "text/plain; charset=utf-8" };
   }
-  if (payload instanceof Uint8Array) return { body: payload, contentType: "application/octet-stream" };
+  if (payload instanceof Uint8Array)
+    return { body: payload, contentType: "application/octet-stream" };
   if (payload instanceof ArrayBuffer) {
     return { body: new Uint8Array(payload), contentType: "application/octet-stream" };
   }

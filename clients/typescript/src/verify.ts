@@ -66,17 +66,21 @@ export function verify(
     const expected = createHmac("sha256", key).update(signed).digest();
     // Every offered entry is compared, in constant time, so timing tells nothing about which
     // entry or how much of one matched.
-    const matches = offered.filter((one) => one.length === expected.length && timingSafeEqual(one, expected));
+    const matches = offered.filter(
+      (one) => one.length === expected.length && timingSafeEqual(one, expected),
+    );
     if (matches.length > 0) return { id, timestamp };
   }
   throw new WebhookVerificationError(
     "no-matching-signature",
-    "No webhook-signature entry matches the body with this secret: the body was changed, or it was signed with another secret.",
+    "No webhook-signature entry matches the body with this secret: the body, ID or timestamp " +
+      "was changed, or another secret signed it.",
   );
 }
 
 function header(headers: WebhookHeaders, name: string): string {
-  const raw = headers instanceof Headers ? headers.get(name) : (headers[name] ?? headers[name.toLowerCase()]);
+  const raw =
+    headers instanceof Headers ? headers.get(name) : (headers[name] ?? headers[name.toLowerCase()]);
   const value = Array.isArray(raw) ? raw[0] : raw;
   if (typeof value !== "string" || value.trim() === "") {
     throw new WebhookVerificationError("missing-header", `The request has no ${name} header.`);
@@ -117,7 +121,8 @@ function decodeSecret(secret: string): Buffer {
   if (encoded === "" || !/^[A-Za-z0-9+/]+={0,2}$/.test(encoded) || encoded.length % 4 !== 0) {
     throw new WebhookVerificationError(
       "invalid-secret",
-      `The secret must be ${SECRET_PREFIX} followed by standard base64 (as the broker's secret endpoint gives it).`,
+      `The secret must be ${SECRET_PREFIX} followed by standard base64, ` +
+        "as the broker's secret endpoint gives it.",
     );
   }
   return Buffer.from(encoded, "base64");

@@ -3,7 +3,14 @@ import { randomBytes } from "node:crypto";
 import { describe, test } from "node:test";
 
 import { Admin, BadRequest, NotFound, PreconditionFailed, Unauthorized } from "../src/index.js";
-import { admin, brokerUrl, collect, freshId, newChannel, type TestChannel } from "./support/broker.js";
+import {
+  admin,
+  brokerUrl,
+  collect,
+  freshId,
+  newChannel,
+  type TestChannel,
+} from "./support/broker.js";
 import { claimAndReport, type PullConsumer } from "./support/pull.js";
 
 async function newPullConsumer(channel: TestChannel): Promise<PullConsumer> {
@@ -15,7 +22,12 @@ async function newPullConsumer(channel: TestChannel): Promise<PullConsumer> {
     token: consumerToken,
     retryDelays: [1],
   });
-  return { channelId: channel.channelId, consumerId, channelToken: channel.channelToken, consumerToken };
+  return {
+    channelId: channel.channelId,
+    consumerId,
+    channelToken: channel.channelToken,
+    consumerToken,
+  };
 }
 
 describe("channels and producers", () => {
@@ -41,7 +53,11 @@ describe("channels and producers", () => {
   test("a write with a stale If-Unmodified-Since is refused", async () => {
     const channel = await newChannel();
     const error = await admin
-      .putChannel(channel.channelId, { name: "late" }, { ifUnmodifiedSince: new Date("2001-01-01T00:00:00Z") })
+      .putChannel(
+        channel.channelId,
+        { name: "late" },
+        { ifUnmodifiedSince: new Date("2001-01-01T00:00:00Z") },
+      )
       .catch((failure: unknown) => failure);
     assert.ok(error instanceof PreconditionFailed);
     assert.equal(error.status, 412);
@@ -61,7 +77,10 @@ describe("channels and producers", () => {
 
     const channel = await newChannel();
     const invalid = await admin
-      .putConsumer(channel.channelId, freshId("co"), { callbackUrl: "http://127.0.0.1:9/x", maxInFlight: 0 })
+      .putConsumer(channel.channelId, freshId("co"), {
+        callbackUrl: "http://127.0.0.1:9/x",
+        maxInFlight: 0,
+      })
       .catch((error: unknown) => error);
     assert.ok(invalid instanceof BadRequest);
     assert.equal(invalid.status, 400);
@@ -127,8 +146,14 @@ describe("messages", () => {
     const listed = await collect(admin.messages(channel.channelId));
     assert.equal(listed.length, 60, "three pages of 25, 25 and 10");
     assert.deepEqual(new Set(listed), new Set(ids));
-    assert.equal((await collect(admin.messages(channel.channelId, { status: ["ACKNOWLEDGED"] }))).length, 60);
-    assert.deepEqual(await collect(admin.messages(channel.channelId, { status: ["DISPATCHED"] })), []);
+    assert.equal(
+      (await collect(admin.messages(channel.channelId, { status: ["ACKNOWLEDGED"] }))).length,
+      60,
+    );
+    assert.deepEqual(
+      await collect(admin.messages(channel.channelId, { status: ["DISPATCHED"] })),
+      [],
+    );
     const counts = await admin.messagesStatus(channel.channelId);
     assert.equal(counts.counts["ACKNOWLEDGED"]?.Count, 60);
   });
@@ -141,7 +166,9 @@ describe("messages", () => {
     assert.equal(job?.Status, "QUEUED");
     await claimAndReport(consumer, 1, "DELIVERED");
     assert.equal((await admin.getMessage(channel.channelId, id)).Jobs[0]?.Status, "DELIVERED");
-    const replay = await admin.replayMessage(channel.channelId, id, { consumer: consumer.consumerId });
+    const replay = await admin.replayMessage(channel.channelId, id, {
+      consumer: consumer.consumerId,
+    });
     assert.deepEqual(replay.Replayed, [consumer.consumerId]);
   });
 });
@@ -157,8 +184,12 @@ describe("the dead-letter queue", () => {
 
     const dead = await collect(admin.deadJobs(channelId, consumerId));
     assert.deepEqual(new Set(dead.map((job) => job.ID)), new Set(killed));
-    assert.ok(dead.every((job) => job.Status === "DEAD" && job.LastError.includes("refused by the test")));
-    const perConsumer = (await admin.dlqStatus()).consumers.find((entry) => entry.consumerId === consumerId);
+    assert.ok(
+      dead.every((job) => job.Status === "DEAD" && job.LastError.includes("refused by the test")),
+    );
+    const perConsumer = (await admin.dlqStatus()).consumers.find(
+      (entry) => entry.consumerId === consumerId,
+    );
     assert.equal(perConsumer?.deadCount, 3);
     const counts = (await admin.jobStatus())[channelId]?.[consumerId] ?? [];
     assert.equal(counts.find((entry) => entry.status === 1004)?.count, 3);
@@ -193,7 +224,10 @@ describe("the event type catalogue", () => {
   test("create, read, list, update, delete; its schema checks publishes", async () => {
     const channel = await newChannel();
     const schema = { type: "object", required: ["sku"], properties: { sku: { type: "string" } } };
-    await admin.putEventType(channel.channelId, "order.created", { description: "An order came in", schema });
+    await admin.putEventType(channel.channelId, "order.created", {
+      description: "An order came in",
+      schema,
+    });
     const entry = await admin.getEventType(channel.channelId, "order.created");
     assert.equal(entry.Description, "An order came in");
     assert.deepEqual(entry.Schema, schema);

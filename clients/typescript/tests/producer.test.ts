@@ -1,7 +1,15 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { BadRequest, BrokerUnavailable, Conflict, Producer, ServerError, Unauthorized } from "../src/index.js";
+import {
+  BadRequest,
+  BrokerUnavailable,
+  Conflict,
+  Producer,
+  RateLimited,
+  ServerError,
+  Unauthorized,
+} from "../src/index.js";
 import { admin, brokerUrl, collect, newChannel } from "./support/broker.js";
 import { failingProxy } from "./support/servers.js";
 
@@ -87,7 +95,10 @@ describe("Producer.publish", () => {
     assert.match(refused.message, /token/i);
     assert.match(String(refused), /^HTTP 403: /);
 
-    const bad = await channel.producer().publish("x", { eventType: "no spaces" }).catch((error: unknown) => error);
+    const bad = await channel
+      .producer()
+      .publish("x", { eventType: "no spaces" })
+      .catch((error: unknown) => error);
     assert.ok(bad instanceof BadRequest);
     assert.equal(bad.status, 400);
     assert.match(bad.message, /event type/i);
@@ -104,7 +115,9 @@ describe("Producer.publishBatch", () => {
     ]);
     assert.equal(ids.length, 3);
     assert.equal(ids[0], "b-1");
-    const [first, second, third] = await Promise.all(ids.map((id) => admin.getMessage(channel.channelId, id)));
+    const [first, second, third] = await Promise.all(
+      ids.map((id) => admin.getMessage(channel.channelId, id)),
+    );
     assert.equal(first?.Payload, "text one");
     assert.equal(first?.Priority, 2);
     assert.equal(first?.EventType, "a.b");
@@ -125,7 +138,10 @@ describe("Producer.publishBatch", () => {
     await producer.publishBatch(batch);
     assert.deepEqual(await producer.publishBatch(batch), ["x-1", "x-2"]);
     const overlap = await producer
-      .publishBatch([{ payload: "a", messageId: "x-1" }, { payload: "c", messageId: "x-3" }])
+      .publishBatch([
+        { payload: "a", messageId: "x-1" },
+        { payload: "c", messageId: "x-3" },
+      ])
       .catch((error: unknown) => error);
     assert.ok(overlap instanceof Conflict);
     assert.deepEqual((overlap.body as { duplicates: string[] }).duplicates, ["x-1"]);
@@ -134,7 +150,10 @@ describe("Producer.publishBatch", () => {
   test("an ID given twice is refused before anything is sent", async () => {
     const channel = await newChannel();
     await assert.rejects(
-      channel.producer().publishBatch([{ payload: "a", messageId: "same" }, { payload: "b", messageId: "same" }]),
+      channel.producer().publishBatch([
+        { payload: "a", messageId: "same" },
+        { payload: "b", messageId: "same" },
+      ]),
       RangeError,
     );
   });
@@ -157,7 +176,9 @@ describe("retries", () => {
     const channel = await newChannel();
     const proxy = await failingProxy(brokerUrl, { count: 2, how: "drop" });
     try {
-      const ids = await channel.producer(proxy.url, { initialDelayMs: 10 }).publishBatch([{ payload: "a" }, { payload: "b" }]);
+      const ids = await channel
+        .producer(proxy.url, { initialDelayMs: 10 })
+        .publishBatch([{ payload: "a" }, { payload: "b" }]);
       assert.equal(proxy.requests, 3);
       assert.deepEqual(new Set(await collect(admin.messages(channel.channelId))), new Set(ids));
     } finally {
@@ -186,12 +207,39 @@ describe("retries", () => {
 
   test("a 429's Retry-After is waited for", async () => {
     const channel = await newChannel();
-    const proxy = await failingProxy(brokerUrl, { count: 1, how: "status", status: 429, retryAfter: "1" });
+    const proxy = await failingProxy(brokerUrl, {
+      count: 1,
+      how: "status",
+      status: 429,
+      retryAfter: "1",
+    });
     try {
       const started = performance.now();
       await channel.producer(proxy.url, { initialDelayMs: 10 }).publish("after a wait");
       assert.ok(performance.now() - started >= 1000, "the retry came before Retry-After");
       assert.equal(proxy.requests, 2);
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  test("a Retry-After longer than the policy allows is not waited for: the 429 is thrown", async () => {
+    const channel = await newChannel();
+    const proxy = await failingProxy(brokerUrl, {
+      count: 1,
+      how: "status",
+      status: 429,
+      retryAfter: "3600",
+    });
+    try {
+      const error = await channel
+        .producer(proxy.url)
+        .publish("x")
+        .catch((failure: unknown) => failure);
+      assert.ok(error instanceof RateLimited);
+      assert.equal(error.status, 429);
+      assert.equal(error.retryAfterMs, 3_600_000);
+      assert.equal(proxy.requests, 1);
     } finally {
       await proxy.close();
     }

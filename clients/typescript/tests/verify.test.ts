@@ -26,7 +26,10 @@ describe("verify, against deliveries the broker signed", () => {
     try {
       run();
     } catch (error) {
-      assert.ok(error instanceof WebhookVerificationError, `not a WebhookVerificationError: ${String(error)}`);
+      assert.ok(
+        error instanceof WebhookVerificationError,
+        `not a WebhookVerificationError: ${String(error)}`,
+      );
       return error;
     }
     assert.fail("verify accepted it");
@@ -36,7 +39,10 @@ describe("verify, against deliveries the broker signed", () => {
     hooks = await receiver();
     channel = await newChannel();
     consumerId = freshId("push");
-    await admin.putConsumer(channel.channelId, consumerId, { callbackUrl: hooks.url, type: "push" });
+    await admin.putConsumer(channel.channelId, consumerId, {
+      callbackUrl: hooks.url,
+      type: "push",
+    });
     secret = (await admin.getSigningSecret(channel.channelId, consumerId)).SigningSecret;
     delivery = await delivered('{"hello":"world"}');
   });
@@ -48,7 +54,10 @@ describe("verify, against deliveries the broker signed", () => {
   test("a genuine delivery verifies, from Node's headers or a fetch Headers", () => {
     const verified = verify(delivery.headers, delivery.body, secret);
     assert.equal(verified.id, delivery.headers["webhook-id"]);
-    assert.equal(verified.timestamp.getTime(), Number(delivery.headers["webhook-timestamp"]) * 1000);
+    assert.equal(
+      verified.timestamp.getTime(),
+      Number(delivery.headers["webhook-timestamp"]) * 1000,
+    );
     const headers = new Headers();
     for (const [name, value] of Object.entries(delivery.headers)) {
       if (typeof value === "string") headers.set(name, value);
@@ -58,19 +67,34 @@ describe("verify, against deliveries the broker signed", () => {
 
   test("a changed body is refused", () => {
     const tampered = Buffer.from(delivery.body.toString("utf8").replace("world", "w0rld"));
-    assert.equal(rejection(() => verify(delivery.headers, tampered, secret)).reason, "no-matching-signature");
+    assert.equal(
+      rejection(() => verify(delivery.headers, tampered, secret)).reason,
+      "no-matching-signature",
+    );
   });
 
   test("a changed ID or timestamp is refused", () => {
     const otherId = { ...delivery.headers, "webhook-id": "someone-else" };
-    assert.equal(rejection(() => verify(otherId, delivery.body, secret)).reason, "no-matching-signature");
-    const moved = { ...delivery.headers, "webhook-timestamp": String(Number(delivery.headers["webhook-timestamp"]) - 1) };
-    assert.equal(rejection(() => verify(moved, delivery.body, secret)).reason, "no-matching-signature");
+    assert.equal(
+      rejection(() => verify(otherId, delivery.body, secret)).reason,
+      "no-matching-signature",
+    );
+    const moved = {
+      ...delivery.headers,
+      "webhook-timestamp": String(Number(delivery.headers["webhook-timestamp"]) - 1),
+    };
+    assert.equal(
+      rejection(() => verify(moved, delivery.body, secret)).reason,
+      "no-matching-signature",
+    );
   });
 
   test("another secret is refused", () => {
     const wrong = `whsec_${randomBytes(32).toString("base64")}`;
-    assert.equal(rejection(() => verify(delivery.headers, delivery.body, wrong)).reason, "no-matching-signature");
+    assert.equal(
+      rejection(() => verify(delivery.headers, delivery.body, wrong)).reason,
+      "no-matching-signature",
+    );
   });
 
   test("an old delivery is refused after the tolerance, accepted within it", () => {
@@ -79,9 +103,14 @@ describe("verify, against deliveries the broker signed", () => {
     const old = rejection(() => verify(delivery.headers, delivery.body, secret, { now: later }));
     assert.equal(old.reason, "timestamp-too-old");
     assert.match(old.message, /300 s in the past/);
-    assert.ok(verify(delivery.headers, delivery.body, secret, { now: later, toleranceSeconds: 900 }));
+    assert.ok(
+      verify(delivery.headers, delivery.body, secret, { now: later, toleranceSeconds: 900 }),
+    );
     const earlier = new Date(sentAt - 10 * 60_000);
-    assert.equal(rejection(() => verify(delivery.headers, delivery.body, secret, { now: earlier })).reason, "timestamp-too-new");
+    assert.equal(
+      rejection(() => verify(delivery.headers, delivery.body, secret, { now: earlier })).reason,
+      "timestamp-too-new",
+    );
   });
 
   test("missing headers and malformed secrets are named", () => {
@@ -90,7 +119,10 @@ describe("verify, against deliveries the broker signed", () => {
     assert.equal(missing.reason, "missing-header");
     assert.match(missing.message, /webhook-signature/);
     const badTimestamp = { ...delivery.headers, "webhook-timestamp": "soon" };
-    assert.equal(rejection(() => verify(badTimestamp, delivery.body, secret)).reason, "invalid-timestamp");
+    assert.equal(
+      rejection(() => verify(badTimestamp, delivery.body, secret)).reason,
+      "invalid-timestamp",
+    );
     const malformed = rejection(() => verify(delivery.headers, delivery.body, "not-a-secret"));
     assert.equal(malformed.reason, "invalid-secret");
     assert.doesNotMatch(malformed.message, /not-a-secret/);
@@ -102,6 +134,8 @@ describe("verify, against deliveries the broker signed", () => {
     assert.equal(String(next.headers["webhook-signature"]).split(" ").length, 2);
     assert.ok(verify(next.headers, next.body, secret));
     assert.ok(verify(next.headers, next.body, rotated));
-    assert.ok(verify(next.headers, next.body, [`whsec_${randomBytes(32).toString("base64")}`, rotated]));
+    assert.ok(
+      verify(next.headers, next.body, [`whsec_${randomBytes(32).toString("base64")}`, rotated]),
+    );
   });
 });

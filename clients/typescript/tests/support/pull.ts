@@ -34,7 +34,11 @@ export async function claimAndReport(
 ): Promise<string[]> {
   const claimed = (await call(consumer, "claim", { limit })) as { Result: { ID: string }[] };
   const ids = claimed.Result.map((job) => job.ID);
-  const jobs = ids.map((ID) => (nextState === "DEAD" ? { ID, NextState: nextState, Error: "refused by the test" } : { ID, NextState: nextState }));
+  const jobs = ids.map((ID) =>
+    nextState === "DEAD"
+      ? { ID, NextState: nextState, Error: "refused by the test" }
+      : { ID, NextState: nextState },
+  );
   if (jobs.length > 0) await call(consumer, "report", { Jobs: jobs });
   return ids;
 }

@@ -42,7 +42,13 @@ export async function failingProxy(target: string, failures: Failures): Promise<
       outgoing.end(JSON.stringify({ Error: "the proxy fails this one on purpose" }));
       return;
     }
-    const answer = await forward(upstream, incoming.method ?? "GET", incoming.url ?? "/", incoming.headers, body);
+    const answer = await forward(
+      upstream,
+      incoming.method ?? "GET",
+      incoming.url ?? "/",
+      incoming.headers,
+      body,
+    );
     if (failing) {
       outgoing.writeHead(503, { "Content-Type": "text/plain" });
       outgoing.end("the broker answered, but this proxy lost the answer");
@@ -71,7 +77,13 @@ function forward(
 ): Promise<Forwarded> {
   return new Promise((resolve, reject) => {
     const outgoing = request(
-      { host: upstream.hostname, port: upstream.port, method, path: url, headers: { ...headers, host: upstream.host } },
+      {
+        host: upstream.hostname,
+        port: upstream.port,
+        method,
+        path: url,
+        headers: { ...headers, host: upstream.host },
+      },
       (answer) => {
         readAll(answer).then(
           (body) => resolve({ status: answer.statusCode ?? 502, headers: answer.headers, body }),
@@ -123,5 +135,7 @@ async function listen(server: Server): Promise<string> {
 
 function closeServer(server: Server): Promise<void> {
   server.closeAllConnections();
-  return new Promise((resolve, reject) => server.close((error) => (error ? reject(error) : resolve())));
+  return new Promise((resolve, reject) =>
+    server.close((error) => (error ? reject(error) : resolve())),
+  );
 }
