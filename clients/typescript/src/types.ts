@@ -3,18 +3,24 @@
  * OpenAPI schema) that the hand-written layer uses. When the schema renames a component, this is
  * the one file to change.
  */
-import type { components, operations } from "./schema.js";
+import type { components, paths } from "./schema.js";
 
 type Schemas = components["schemas"];
 
-/** The JSON body of an operation's answer with a given status. */
+/**
+ * The JSON body of an answer, by the endpoint's path and method as the broker serves them (more
+ * stable than operation IDs and component names, which the schema may rename).
+ */
 export type JsonAnswer<
-  Operation extends keyof operations,
-  Status extends keyof operations[Operation]["responses"],
-> = operations[Operation]["responses"][Status] extends {
-  content: { "application/json": infer Body };
-}
-  ? Body
+  Path extends keyof paths,
+  Method extends "get" | "put" | "post" | "delete",
+  Status extends number,
+> = paths[Path][Method] extends { responses: infer Responses }
+  ? Status extends keyof Responses
+    ? Responses[Status] extends { content: { "application/json": infer Body } }
+      ? Body
+      : never
+    : never
   : never;
 
 export type Channel = Schemas["Channel"];
@@ -30,7 +36,7 @@ export type DeadLetterAction = Schemas["DeadLetterAction"];
 export type Pages = Schemas["Pages"];
 export type BrokerStatus = Schemas["Status"];
 export type DlqStatus = Schemas["DlqStatus"];
-export type JobStatus = JsonAnswer<"job_status_retrieve", 200>;
+export type JobStatus = JsonAnswer<"/job-status", "get", 200>;
 export type Requeued = Schemas["Requeued"];
 export type Replay = Schemas["Replay"];
 export type BatchItem = Schemas["BatchItemRequest"];
