@@ -12,7 +12,7 @@ export interface paths {
             cookie?: never;
         };
         /** @description 200 when the database answers, 503 when it does not; never a secret or a traceback. */
-        get: operations["_status_retrieve"];
+        get: operations["get_status"];
         put?: never;
         post?: never;
         delete?: never;
@@ -61,10 +61,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_consumer_retrieve"];
-        put: operations["channel_consumer_update"];
+        get: operations["get_consumer"];
+        put: operations["put_consumer"];
         post?: never;
-        delete: operations["channel_consumer_destroy"];
+        delete: operations["delete_consumer"];
         options?: never;
         head?: never;
         patch?: never;
@@ -86,7 +86,7 @@ export interface paths {
          *     Resets ConsecutiveFailures and the cooldown; ChangedAt does not move, as for every circuit
          *     change (they are delivery activity, not settings). A closed circuit stays closed.
          */
-        post: operations["channel_consumer_circuit_close_create"];
+        post: operations["close_consumer_circuit"];
         delete?: never;
         options?: never;
         head?: never;
@@ -103,7 +103,7 @@ export interface paths {
         get?: never;
         put?: never;
         /** @description Atomically take up to `limit` queued jobs (INFLIGHT under a lease of `timeout` s). */
-        post: operations["channel_consumer_claim_create"];
+        post: operations["claim_jobs"];
         delete?: never;
         options?: never;
         head?: never;
@@ -117,10 +117,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_consumer_dlq_retrieve"];
+        get: operations["list_dead_jobs"];
         put?: never;
-        post: operations["channel_consumer_dlq_create"];
-        delete: operations["channel_consumer_dlq_destroy"];
+        post: operations["requeue_dead_jobs"];
+        delete: operations["purge_dead_jobs"];
         options?: never;
         head?: never;
         patch?: never;
@@ -134,9 +134,26 @@ export interface paths {
             cookie?: never;
         };
         /** @description Extension: the progress of a requeue or purge of the DLQ that went on in the background. */
-        get: operations["channel_consumer_dlq_action_retrieve"];
+        get: operations["get_dead_letter_action"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/channel/{channel_id}/consumer/{consumer_id}/extend": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Extend the leases of INFLIGHT jobs the worker holds. */
+        post: operations["extend_jobs"];
         delete?: never;
         options?: never;
         head?: never;
@@ -151,12 +168,12 @@ export interface paths {
             cookie?: never;
         };
         /** @description Guarded by the channel and consumer tokens instead of admin authentication. */
-        get: operations["channel_consumer_job_retrieve"];
+        get: operations["get_job"];
         put?: never;
         /** @description Guarded by the channel and consumer tokens instead of admin authentication. */
-        post: operations["channel_consumer_job_create"];
+        post: operations["transition_job"];
         /** @description Delete one dead job (any consumer type). */
-        delete: operations["channel_consumer_job_destroy"];
+        delete: operations["delete_dead_job"];
         options?: never;
         head?: never;
         patch?: never;
@@ -172,7 +189,7 @@ export interface paths {
         get?: never;
         put?: never;
         /** @description Guarded by the channel and consumer tokens instead of admin authentication. */
-        post: operations["channel_consumer_job_requeue_dead_job_create"];
+        post: operations["requeue_dead_job"];
         delete?: never;
         options?: never;
         head?: never;
@@ -194,7 +211,7 @@ export interface paths {
          *     Push deliveries already in flight finish; pull consumers' INFLIGHT jobs can still be
          *     reported DELIVERED or DEAD. Pausing a paused consumer is a 202 that changes nothing.
          */
-        post: operations["channel_consumer_pause_create"];
+        post: operations["pause_consumer"];
         delete?: never;
         options?: never;
         head?: never;
@@ -209,7 +226,7 @@ export interface paths {
             cookie?: never;
         };
         /** @description Guarded by the channel and consumer tokens instead of admin authentication. */
-        get: operations["channel_consumer_queued_jobs_retrieve"];
+        get: operations["list_queued_jobs"];
         put?: never;
         post?: never;
         delete?: never;
@@ -228,7 +245,7 @@ export interface paths {
         get?: never;
         put?: never;
         /** @description Report many jobs' outcomes: DELIVERED, DEAD, or QUEUED (given back). */
-        post: operations["channel_consumer_report_create"];
+        post: operations["report_jobs"];
         delete?: never;
         options?: never;
         head?: never;
@@ -245,7 +262,7 @@ export interface paths {
         get?: never;
         put?: never;
         /** @description Resume delivery of a paused consumer; resuming one that is not paused changes nothing. */
-        post: operations["channel_consumer_resume_create"];
+        post: operations["resume_consumer"];
         delete?: never;
         options?: never;
         head?: never;
@@ -260,10 +277,10 @@ export interface paths {
             cookie?: never;
         };
         /** @description The current signing secret. */
-        get: operations["channel_consumer_secret_retrieve"];
+        get: operations["get_signing_secret"];
         put?: never;
         /** @description Rotate: a new secret signs from now on, the old one too for 24 hours. */
-        post: operations["channel_consumer_secret_create"];
+        post: operations["rotate_signing_secret"];
         delete?: never;
         options?: never;
         head?: never;
@@ -277,7 +294,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_consumers_retrieve"];
+        get: operations["list_consumers"];
         put?: never;
         post?: never;
         delete?: never;
@@ -293,10 +310,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_event_type_retrieve"];
-        put: operations["channel_event_type_update"];
+        get: operations["get_event_type"];
+        put: operations["put_event_type"];
         post?: never;
-        delete: operations["channel_event_type_destroy"];
+        delete: operations["delete_event_type"];
         options?: never;
         head?: never;
         patch?: never;
@@ -309,7 +326,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_event_types_retrieve"];
+        get: operations["list_event_types"];
         put?: never;
         post?: never;
         delete?: never;
@@ -325,7 +342,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_message_retrieve"];
+        get: operations["get_message"];
         put?: never;
         post?: never;
         delete?: never;
@@ -344,7 +361,7 @@ export interface paths {
         get?: never;
         put?: never;
         /** @description Deliver an already delivered message again, to one consumer or to all (docs/api.md). */
-        post: operations["channel_message_replay_create"];
+        post: operations["replay_message"];
         delete?: never;
         options?: never;
         head?: never;
@@ -358,7 +375,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_messages_retrieve"];
+        get: operations["list_messages"];
         put?: never;
         post?: never;
         delete?: never;
@@ -374,7 +391,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_messages_status_retrieve"];
+        get: operations["get_messages_status"];
         put?: never;
         post?: never;
         delete?: never;
@@ -390,10 +407,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_periodic_message_retrieve"];
-        put: operations["channel_periodic_message_update"];
+        get: operations["get_periodic_message"];
+        put: operations["put_periodic_message"];
         post?: never;
-        delete: operations["channel_periodic_message_destroy"];
+        delete: operations["delete_periodic_message"];
         options?: never;
         head?: never;
         patch?: never;
@@ -406,9 +423,9 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_periodic_messages_retrieve"];
+        get: operations["list_periodic_messages"];
         put?: never;
-        post: operations["channel_periodic_messages_create"];
+        post: operations["create_periodic_message"];
         delete?: never;
         options?: never;
         head?: never;
@@ -422,10 +439,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_scheduled_message_retrieve"];
+        get: operations["get_scheduled_message"];
         put?: never;
         post?: never;
-        delete: operations["channel_scheduled_message_destroy"];
+        delete: operations["cancel_scheduled_message"];
         options?: never;
         head?: never;
         patch?: never;
@@ -438,7 +455,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_scheduled_messages_retrieve"];
+        get: operations["list_scheduled_messages"];
         put?: never;
         post?: never;
         delete?: never;
@@ -454,8 +471,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channel_retrieve"];
-        put: operations["channel_update"];
+        get: operations["get_channel"];
+        put: operations["put_channel"];
         post?: never;
         delete?: never;
         options?: never;
@@ -470,7 +487,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["channels_retrieve"];
+        get: operations["list_channels"];
         put?: never;
         post?: never;
         delete?: never;
@@ -486,7 +503,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["dlq_status_retrieve"];
+        get: operations["get_dlq_status"];
         put?: never;
         post?: never;
         delete?: never;
@@ -502,7 +519,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["job_status_retrieve"];
+        get: operations["get_job_status"];
         put?: never;
         post?: never;
         delete?: never;
@@ -519,7 +536,7 @@ export interface paths {
             cookie?: never;
         };
         /** @description Prometheus text format; admin unless BROKER_PUBLIC_METRICS (Prometheus can send a bearer). */
-        get: operations["metrics_retrieve"];
+        get: operations["get_metrics"];
         put?: never;
         post?: never;
         delete?: never;
@@ -535,8 +552,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["producer_retrieve"];
-        put: operations["producer_update"];
+        get: operations["get_producer"];
+        put: operations["put_producer"];
         post?: never;
         delete?: never;
         options?: never;
@@ -551,7 +568,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get: operations["producers_retrieve"];
+        get: operations["list_producers"];
         put?: never;
         post?: never;
         delete?: never;
@@ -580,21 +597,23 @@ export interface components {
             errors?: components["schemas"]["ItemError"][];
         };
         BatchItemRequest: {
-            /** @description unique per channel; generated if absent */
-            id?: string;
-            /** @description the payload as text (stored as UTF-8); or payload_base64 */
-            payload?: string;
-            /** @description the payload's bytes in base64 (binary payloads); or payload */
-            payload_base64?: string;
             /** @description default text/plain; charset=utf-8 (payload), application/octet-stream (payload_base64) */
             content_type?: string;
-            /** @description higher first (default 0) */
-            priority?: number;
+            /** @description the event type (as X-Broker-Event-Type): only subscribed consumers get it */
+            event_type?: string;
             /** @description metadata headers to replay on delivery (the X-Broker-Metadata-Headers rules) */
             headers?: {
                 [key: string]: string;
             };
+            /** @description unique per channel; generated if absent */
+            id?: string;
             ordering_key?: string;
+            /** @description the payload as text (stored as UTF-8); or payload_base64 */
+            payload?: string;
+            /** @description the payload's bytes in base64 (binary payloads); or payload */
+            payload_base64?: string;
+            /** @description higher first (default 0) */
+            priority?: number;
             /**
              * Format: date-time
              * @description RFC 3339; at least BROKER_MIN_SCHEDULE_DELAY_SECONDS away: a scheduled message
@@ -603,8 +622,6 @@ export interface components {
             /** @description W3C trace context */
             traceparent?: string;
             tracestate?: string;
-            /** @description the event type (as X-Broker-Event-Type): only subscribed consumers get it */
-            event_type?: string;
         };
         BatchStored: {
             /** @description in the request's order */
@@ -618,15 +635,15 @@ export interface components {
         };
         /** @description A producer, channel or consumer: webhook-broker's MsgStakeholder fields. */
         Channel: {
-            ID: string;
-            Name: string;
-            Token?: string;
+            readonly BroadcastURL: string;
             /** Format: date-time */
             ChangedAt: string;
             readonly ConsumersURL: string;
-            readonly MessagesURL: string;
-            readonly BroadcastURL: string;
+            ID: string;
             readonly MessagesStatusURL: string;
+            readonly MessagesURL: string;
+            Name: string;
+            Token?: string;
         };
         /**
          * @description * `closed` - closed
@@ -643,53 +660,53 @@ export interface components {
         };
         /** @description A producer, channel or consumer: webhook-broker's MsgStakeholder fields. */
         Consumer: {
-            ID: string;
-            Name: string;
-            Token?: string;
+            CallbackURL: string;
             /** Format: date-time */
             ChangedAt: string;
-            CallbackURL: string;
-            readonly DeadLetterQueueURL: string;
-            Type: string;
-            Paused: boolean;
-            Ordering: string;
-            RetryDelays: number[] | null;
-            NonRetryableStatuses: number[];
-            MaxInFlight: number | null;
-            /** Format: double */
-            MaxPerSecond: number | null;
-            /** Format: date-time */
-            readonly ThrottledUntil: string | null;
-            MaxJobAge: number | null;
-            EventTypes: string[];
-            readonly CircuitState: components["schemas"]["CircuitStateEnum"];
             /** Format: date-time */
             readonly CircuitOpenUntil: string | null;
+            readonly CircuitState: components["schemas"]["CircuitStateEnum"];
             readonly ConsecutiveFailures: number;
+            readonly DeadLetterQueueURL: string;
+            EventTypes: string[];
+            ID: string;
+            MaxInFlight: number | null;
+            MaxJobAge: number | null;
+            /** Format: double */
+            MaxPerSecond: number | null;
+            Name: string;
+            NonRetryableStatuses: number[];
+            Ordering: string;
+            Paused: boolean;
+            RetryDelays: number[] | null;
+            /** Format: date-time */
+            readonly ThrottledUntil: string | null;
+            Token?: string;
+            Type: string;
         };
         /** @description PUT form fields. On update an omitted field keeps its value (see docs/api.md). */
         ConsumerFormRequest: {
-            name?: string;
-            token?: string;
             callbackUrl: string;
-            type?: components["schemas"]["TypeEnum"] | components["schemas"]["BlankEnum"];
-            ordering?: components["schemas"]["OrderingEnum"];
-            retryDelays?: string;
-            nonRetryableStatuses?: string;
+            /** @description comma-separated event types it receives: a type, a prefix ending in * (order.*), or *; blank or absent: every message (for messages published later) */
+            eventTypes?: string;
             maxInFlight?: string;
             maxJobAge?: string;
             /** @description push requests per second at most, across all dispatchers: a decimal number above 0 (0.5: one every two seconds); blank or absent: no limit */
             maxPerSecond?: string;
-            /** @description comma-separated event types it receives: a type, a prefix ending in * (order.*), or *; blank or absent: every message (for messages published later) */
-            eventTypes?: string;
+            name?: string;
+            nonRetryableStatuses?: string;
+            ordering?: components["schemas"]["OrderingEnum"];
+            retryDelays?: string;
             /** @description whsec_ + base64 of 24 to 64 bytes; replaces the current secret, no overlap */
             signingSecret?: string;
+            token?: string;
+            type?: components["schemas"]["TypeEnum"] | components["schemas"]["BlankEnum"];
         };
         DatabaseHealth: {
-            vendor: string;
             healthy: boolean;
             /** Format: double */
             responseTimeMs: number;
+            vendor: string;
         };
         DeadCount: {
             channelId: string;
@@ -704,30 +721,30 @@ export interface components {
         };
         /** @description Extension: a requeue or purge that outlasted its request, and how far it got. */
         DeadLetterAction: {
-            id: string;
             action: components["schemas"]["ActionEnum"];
-            state: components["schemas"]["StateEnum"];
+            batches: number;
             channelId: string;
             consumerId: string;
             /** Format: date-time */
-            since: string | null;
+            createdAt: string;
             /** Format: date-time */
             diedBefore: string;
             doneCount: number;
-            estimatedCount: number | null;
-            batches: number;
             error: string;
-            /** Format: date-time */
-            createdAt: string;
-            /** Format: date-time */
-            updatedAt: string;
+            estimatedCount: number | null;
             /** Format: date-time */
             finishedAt: string | null;
+            id: string;
+            /** Format: date-time */
+            since: string | null;
+            state: components["schemas"]["StateEnum"];
+            /** Format: date-time */
+            updatedAt: string;
         };
         DefaultPartitions: {
-            jobs: number;
             attempts: number;
             countedUpTo: number;
+            jobs: number;
         };
         Deleted: {
             deletedCount: number;
@@ -741,11 +758,11 @@ export interface components {
             Error: string;
         };
         EventType: {
-            Name: string;
-            Description: string;
-            Schema: unknown;
             /** Format: date-time */
             ChangedAt: string;
+            Description: string;
+            Name: string;
+            Schema: unknown;
         };
         /** @description PUT form fields; on update an omitted field keeps its value. */
         EventTypeFormRequest: {
@@ -754,47 +771,73 @@ export interface components {
             /** @description a JSON Schema (Draft 2020-12 unless it names another in $schema) that JSON payloads of this type must match; blank: none */
             schema?: string;
         };
+        ExtendRequestRequest: {
+            Jobs: components["schemas"]["ExtendedJobRequest"][];
+        };
+        ExtendResponse: {
+            Result: components["schemas"]["ExtendedJobResult"][];
+        };
+        ExtendedJobRequest: {
+            /** @description the job's ID, as claim gave it */
+            ID: string;
+            /** @description the lease ends this many s from now */
+            Timeout: number;
+        };
+        ExtendedJobResult: {
+            /** @description on 404 and 400: why */
+            Error?: string;
+            ID: string;
+            /**
+             * Format: date-time
+             * @description on 202: the lease's end
+             */
+            LeaseExpiresAt?: string;
+            /** @description the job's state now (not on 404) */
+            State?: string;
+            /** @description 202, 404 or 400, as POST …/job/{j} would answer */
+            Status: number;
+        };
         ItemError: {
-            /** @description the message's place in messages, from 0 */
-            index: number;
             /** @description the field at fault (empty: the item itself) */
             field: string;
+            /** @description the message's place in messages, from 0 */
+            index: number;
             message: string;
         };
         /** @description A job as webhook-broker's HyperlinkedDeliveryJobModel, plus extensions. */
         JobLinks: {
+            Attempts: number;
+            readonly ChannelURL: string;
+            readonly ConsumerURL: string;
             ID: string;
+            readonly JobRequeueURL: string;
+            LastError: string;
+            /** Format: date-time */
+            LeaseExpiresAt: string | null;
             ListenerEndpoint: string;
             ListenerName: string;
+            readonly MessageURL: string;
+            Priority: number;
+            readonly ProducerURL: string;
             Status: string;
             /** Format: date-time */
             StatusChangedAt: string;
-            Attempts: number;
-            LastError: string;
-            Priority: number;
-            /** Format: date-time */
-            LeaseExpiresAt: string | null;
-            readonly MessageURL: string;
-            readonly ChannelURL: string;
-            readonly ConsumerURL: string;
-            readonly ProducerURL: string;
-            readonly JobRequeueURL: string;
         };
         /** @description A job as listed with its message: webhook-broker's fields plus extensions. */
         JobSummary: {
+            Attempts: number;
             ID: string;
+            LastError: string;
             ListenerEndpoint: string;
             ListenerName: string;
             Status: string;
             /** Format: date-time */
             StatusChangedAt: string;
-            Attempts: number;
-            LastError: string;
         };
         ListResult: {
+            Pages: components["schemas"]["Pages"];
             /** @description resource URLs */
             Result: string[];
-            Pages: components["schemas"]["Pages"];
         };
         /**
          * @description `Payload` and `PayloadEncoding` ("utf-8" or "base64"): binary payloads survive JSON.
@@ -804,27 +847,27 @@ export interface components {
          *     the list of jobs) is still worth having, so this is not an error status for the whole response.
          */
         Message: {
+            ContentType: string;
+            /** Format: date-time */
+            DispatchedAt: string | null;
+            EventType: string | null;
+            Headers: {
+                [key: string]: string;
+            };
+            ID: string;
+            Jobs: components["schemas"]["JobSummary"][];
             readonly Payload: string | null;
             readonly PayloadEncoding: string | null;
             /** @description payload-missing */
             PayloadError?: string;
-            ID: string;
-            ContentType: string;
             Priority: number;
             ProducedBy: string;
             ProducerID: string;
             /** Format: date-time */
             ReceivedAt: string;
             /** Format: date-time */
-            DispatchedAt: string | null;
-            /** Format: date-time */
             ScheduledFor: string | null;
-            EventType: string | null;
             Status: string;
-            Headers: {
-                [key: string]: string;
-            };
-            Jobs: components["schemas"]["JobSummary"][];
         };
         MessagesStatus: {
             counts: {
@@ -850,35 +893,44 @@ export interface components {
          */
         PayloadEncodingEnum: "utf-8" | "base64";
         PeriodicMessage: {
-            ID: string;
-            ProducerID: string;
-            readonly Payload: string;
-            readonly PayloadEncoding: string;
+            /** Format: date-time */
+            ChangedAt: string;
             ContentType: string;
-            Priority: number;
+            Cron: string | null;
+            Enabled: boolean;
+            EventType: string | null;
             Headers: {
                 [key: string]: string;
             };
-            OrderingKey: string;
-            EventType: string | null;
+            ID: string;
             IntervalSeconds: number | null;
-            Cron: string | null;
-            TimeZone: string;
-            Enabled: boolean;
-            SkipWhilePending: boolean;
-            /** Format: date-time */
-            NextRunAt: string | null;
+            readonly LastMessageID: string | null;
             /** Format: date-time */
             LastRunAt: string | null;
-            readonly LastMessageID: string | null;
-            SkippedTicks: number;
             /** Format: date-time */
-            ChangedAt: string;
+            NextRunAt: string | null;
+            OrderingKey: string;
+            readonly Payload: string;
+            readonly PayloadEncoding: string;
+            Priority: number;
+            ProducerID: string;
+            SkipWhilePending: boolean;
+            SkippedTicks: number;
+            TimeZone: string;
         };
         /** @description PUT / POST form fields. On update an omitted field keeps its value. */
         PeriodicMessageFormRequest: {
-            /** @description producer ID */
-            producer?: string;
+            contentType?: string;
+            /** @description 5 fields: minute hour day month weekday */
+            cron?: string;
+            enabled?: boolean;
+            /** @description the messages' event type (as X-Broker-Event-Type); blank: none */
+            eventType?: string;
+            /** @description metadata headers as JSON: {"X-Name": "v"} */
+            headers?: string;
+            /** @description either this or cron */
+            intervalSeconds?: number;
+            orderingKey?: string;
             /** @description the message body (see payloadEncoding) */
             payload?: string;
             /**
@@ -888,26 +940,28 @@ export interface components {
              *     * `base64` - base64
              */
             payloadEncoding?: components["schemas"]["PayloadEncodingEnum"];
-            contentType?: string;
             priority?: number;
-            /** @description metadata headers as JSON: {"X-Name": "v"} */
-            headers?: string;
-            orderingKey?: string;
-            /** @description the messages' event type (as X-Broker-Event-Type); blank: none */
-            eventType?: string;
-            /** @description either this or cron */
-            intervalSeconds?: number;
-            /** @description 5 fields: minute hour day month weekday */
-            cron?: string;
+            /** @description producer ID */
+            producer?: string;
+            skipWhilePending?: boolean;
             /** @description IANA name, for cron; default UTC */
             timeZone?: string;
-            enabled?: boolean;
-            skipWhilePending?: boolean;
         };
         /** @description PUT / POST form fields. On update an omitted field keeps its value. */
         PeriodicMessagePostFormRequest: {
-            /** @description producer ID */
-            producer?: string;
+            contentType?: string;
+            /** @description 5 fields: minute hour day month weekday */
+            cron?: string;
+            enabled?: boolean;
+            /** @description the messages' event type (as X-Broker-Event-Type); blank: none */
+            eventType?: string;
+            /** @description metadata headers as JSON: {"X-Name": "v"} */
+            headers?: string;
+            /** @description generated when absent */
+            id?: string;
+            /** @description either this or cron */
+            intervalSeconds?: number;
+            orderingKey?: string;
             /** @description the message body (see payloadEncoding) */
             payload?: string;
             /**
@@ -917,53 +971,42 @@ export interface components {
              *     * `base64` - base64
              */
             payloadEncoding?: components["schemas"]["PayloadEncodingEnum"];
-            contentType?: string;
             priority?: number;
-            /** @description metadata headers as JSON: {"X-Name": "v"} */
-            headers?: string;
-            orderingKey?: string;
-            /** @description the messages' event type (as X-Broker-Event-Type); blank: none */
-            eventType?: string;
-            /** @description either this or cron */
-            intervalSeconds?: number;
-            /** @description 5 fields: minute hour day month weekday */
-            cron?: string;
+            /** @description producer ID */
+            producer?: string;
+            skipWhilePending?: boolean;
             /** @description IANA name, for cron; default UTC */
             timeZone?: string;
-            enabled?: boolean;
-            skipWhilePending?: boolean;
-            /** @description generated when absent */
-            id?: string;
         };
         /** @description A producer, channel or consumer: webhook-broker's MsgStakeholder fields. */
         Producer: {
-            ID: string;
-            Name: string;
-            Token?: string;
             /** Format: date-time */
             ChangedAt: string;
             /** @description IDs of the channels it may publish to, sorted; enforced only with BROKER_PRODUCER_CHANNELS=bound */
             readonly Channels: string[];
+            ID: string;
+            Name: string;
+            Token?: string;
         };
         /** @description PUT form fields. On update an omitted field keeps its value (see docs/api.md). */
         ProducerFormRequest: {
-            name?: string;
-            token?: string;
             /** @description comma-separated IDs of existing channels it may publish to (enforced with BROKER_PRODUCER_CHANNELS=bound); blank: none; omitted on update: kept */
             channels?: string;
+            name?: string;
+            token?: string;
         };
         PurgeGoesOn: {
-            deletedCount: number;
             /** @description extension: a requeue or purge that goes on in the background (Location is its URL) */
             action: components["schemas"]["DeadLetterAction"];
+            deletedCount: number;
         };
         /** @description An entry of queued-jobs and claim: the job with its message. */
         QueuedJob: {
-            ID: string;
-            Priority: number;
-            IncrementalTimeout: number;
             Attempts: number;
+            ID: string;
+            IncrementalTimeout: number;
             Message: components["schemas"]["QueuedMessage"];
+            Priority: number;
         };
         QueuedJobs: {
             Result: components["schemas"]["QueuedJob"][];
@@ -976,22 +1019,22 @@ export interface components {
          *     the list of jobs) is still worth having, so this is not an error status for the whole response.
          */
         QueuedMessage: {
+            ContentType: string;
+            EventType: string | null;
+            Headers: {
+                [key: string]: string;
+            };
+            MessageID: string;
             readonly Payload: string | null;
             readonly PayloadEncoding: string | null;
             /** @description payload-missing */
             PayloadError?: string;
-            MessageID: string;
-            Headers: {
-                [key: string]: string;
-            };
-            ContentType: string;
-            EventType: string | null;
         };
         Replay: {
-            /** @description consumers whose DELIVERED job is QUEUED again */
-            Replayed: string[];
             /** @description consumers that had no job for the message (added since): one was created */
             Created: string[];
+            /** @description consumers whose DELIVERED job is QUEUED again */
+            Replayed: string[];
             Skipped: components["schemas"]["Skipped"][];
         };
         ReplayFormRequest: {
@@ -1012,22 +1055,26 @@ export interface components {
          */
         ReportedJobNextStateEnum: "DELIVERED" | "DEAD" | "QUEUED";
         ReportedJobRequest: {
-            /** @description the job's ID, as claim gave it */
-            ID: string;
-            NextState: components["schemas"]["ReportedJobNextStateEnum"];
-            /** @description QUEUED only: seconds before the job is due again (default 0) */
-            IncrementalTimeout?: number;
+            /** @description QUEUED only, false: the worker never started the job; the attempt the claim counted is taken back (default true) */
+            Attempted?: boolean;
+            /** @description QUEUED only, true: due again after the consumer's retry delay for the attempt it used (its RetryDelays, as a failed push delivery), instead of IncrementalTimeout */
+            Backoff?: boolean;
             /** @description DEAD or QUEUED only: why, kept in the job's LastError */
             Error?: string;
+            /** @description the job's ID, as claim gave it */
+            ID: string;
+            /** @description QUEUED only: seconds before the job is due again (default 0) */
+            IncrementalTimeout?: number;
+            NextState: components["schemas"]["ReportedJobNextStateEnum"];
         };
         ReportedJobResult: {
-            ID: string;
-            /** @description 202, 404 or 400, as POST …/job/{j} would answer */
-            Status: number;
-            /** @description the job's state now (not on 404) */
-            State?: string;
             /** @description on 404 and 400: why */
             Error?: string;
+            ID: string;
+            /** @description the job's state now (not on 404) */
+            State?: string;
+            /** @description 202, 404 or 400, as POST …/job/{j} would answer */
+            Status: number;
         };
         RequeueFormRequest: {
             /** @description the consumer's token */
@@ -1039,14 +1086,14 @@ export interface components {
             since?: string;
         };
         Requeued: {
-            requeuedCount: number;
             /** @description extension: a requeue or purge that goes on in the background (Location is its URL) */
             action?: components["schemas"]["DeadLetterAction"];
+            requeuedCount: number;
         };
         ScheduledList: {
+            pages: components["schemas"]["Pages"];
             /** @description scheduled-message URLs */
             result: string[];
-            pages: components["schemas"]["Pages"];
         };
         /**
          * @description webhook-broker's fields, then ours: `payloadEncoding` ("utf-8" or "base64", as for
@@ -1056,45 +1103,45 @@ export interface components {
          *     clients). `id` is an xid, as webhook-broker's: the row's key and receipt second.
          */
         ScheduledMessage: {
-            readonly id: string;
-            messageId: string;
             contentType: string;
-            priority: number;
-            producedBy: string;
             /** Format: date-time */
             dispatchSchedule: string;
             /** Format: date-time */
             dispatchedAt: string | null;
-            readonly status: string;
+            /** Format: date-time */
+            dispatchedDate: string | null;
+            eventType: string | null;
+            headers: {
+                [key: string]: string;
+            };
+            readonly id: string;
+            messageId: string;
+            readonly messageURL: string;
+            orderingKey: string;
             readonly payload: string | null;
             readonly payloadEncoding: string | null;
             /** @description payload-missing */
             payloadError?: string;
-            headers: {
-                [key: string]: string;
-            };
-            orderingKey: string;
-            eventType: string | null;
+            priority: number;
+            producedBy: string;
             /** Format: date-time */
             receivedAt: string;
-            readonly messageURL: string;
-            /** Format: date-time */
-            dispatchedDate: string | null;
+            readonly status: string;
         };
         SigningSecret: {
-            /** @description whsec_ + base64 */
-            SigningSecret: string;
             /**
              * Format: date-time
              * @description present while the previous secret still signs deliveries
              */
             PreviousSigningSecretExpiresAt?: string;
+            /** @description whsec_ + base64 */
+            SigningSecret: string;
         };
         Skipped: {
             ConsumerID: string;
+            Reason: string;
             /** @description the job's status, unchanged */
             Status: string;
-            Reason: string;
         };
         /** @description PUT form fields. On update an omitted field keeps its value (see docs/api.md). */
         StakeholderFormRequest: {
@@ -1109,11 +1156,11 @@ export interface components {
          */
         StateEnum: "running" | "done" | "failed";
         Status: {
-            status: components["schemas"]["StatusEnum"];
-            version: string;
             database: components["schemas"]["DatabaseHealth"];
             /** @description Rows no time partition covers (docs/scaling.md); absent when the database does not answer. */
             defaultPartitions?: components["schemas"]["DefaultPartitions"];
+            status: components["schemas"]["StatusEnum"];
+            version: string;
             /** @description Things an operator should look at; the status stays ok (200). */
             warnings: string[];
         };
@@ -1143,8 +1190,8 @@ export interface components {
          */
         TransitionRequestNextStateEnum: "QUEUED" | "INFLIGHT" | "DELIVERED" | "DEAD";
         TransitionRequestRequest: {
-            NextState: components["schemas"]["TransitionRequestNextStateEnum"];
             IncrementalTimeout?: number;
+            NextState: components["schemas"]["TransitionRequestNextStateEnum"];
         };
         /**
          * @description * `push` - push
@@ -1161,7 +1208,7 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
-    _status_retrieve: {
+    get_status: {
         parameters: {
             query?: never;
             header?: never;
@@ -1176,78 +1223,6 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Status"];
-                };
-            };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
-            401: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description wrong credentials */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unknown resource */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
                 };
             };
             503: {
@@ -1366,15 +1341,6 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
             /** @description the producer is over BROKER_BROADCAST_RATE_LIMIT, or over its allowance of schema checking (BROKER_SCHEMA_STEPS_PER_SECOND); Retry-After gives the seconds to wait */
             429: {
                 headers: {
@@ -1384,8 +1350,17 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the payload could not be stored (payload storage full or failing); retry later */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1471,15 +1446,6 @@ export interface operations {
                     "application/json": components["schemas"]["BatchDuplicates"];
                 };
             };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
             /** @description body over BROKER_MAX_BATCH_BYTES, more than BROKER_MAX_BATCH_MESSAGES messages or than the producer's burst, or a payload over BROKER_MAX_PAYLOAD_BYTES or too costly to check against its event type's schema (listed in errors); nothing stored */
             413: {
                 headers: {
@@ -1487,15 +1453,6 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["BatchError"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
                 };
             };
             /** @description the batch's messages are over the producer's BROKER_BROADCAST_RATE_LIMIT, or the producer is over its allowance of schema checking (BROKER_SCHEMA_STEPS_PER_SECOND); Retry-After gives the seconds to wait */
@@ -1507,8 +1464,17 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the payload could not be stored (payload storage full or failing); retry later */
+            507: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1518,7 +1484,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_retrieve: {
+    get_consumer: {
         parameters: {
             query?: never;
             header?: never;
@@ -1538,16 +1504,7 @@ export interface operations {
                     "application/json": components["schemas"]["Consumer"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1556,7 +1513,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1565,7 +1522,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1574,43 +1531,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1621,7 +1542,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_update: {
+    put_consumer: {
         parameters: {
             query?: never;
             header?: {
@@ -1648,7 +1569,7 @@ export interface operations {
                     "application/json": components["schemas"]["Consumer"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1657,7 +1578,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1666,7 +1587,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1675,7 +1596,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1684,16 +1605,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -1702,7 +1614,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -1711,7 +1623,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -1720,7 +1632,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1731,7 +1643,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_destroy: {
+    delete_consumer: {
         parameters: {
             query?: never;
             header?: {
@@ -1753,7 +1665,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input */
+            /** @description If-Unmodified-Since missing where the resource exists */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1762,7 +1674,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1771,7 +1683,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1780,7 +1692,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1789,16 +1701,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -1807,25 +1710,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1836,7 +1721,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_circuit_close_create: {
+    close_consumer_circuit: {
         parameters: {
             query?: never;
             header?: never;
@@ -1857,16 +1742,7 @@ export interface operations {
                     "application/json": components["schemas"]["Consumer"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1875,7 +1751,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1884,7 +1760,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -1893,43 +1769,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -1940,7 +1780,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_claim_create: {
+    claim_jobs: {
         parameters: {
             query?: never;
             header: {
@@ -1955,8 +1795,8 @@ export interface operations {
         };
         requestBody?: {
             content: {
-                "application/x-www-form-urlencoded": components["schemas"]["ClaimFormRequest"];
                 "application/json": components["schemas"]["ClaimFormRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["ClaimFormRequest"];
             };
         };
         responses: {
@@ -1969,7 +1809,7 @@ export interface operations {
                     "application/json": components["schemas"]["QueuedJobs"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -1978,7 +1818,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -1987,7 +1827,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -1996,7 +1836,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2005,16 +1845,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the consumer is a push consumer: only pull ones may call */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -2023,7 +1854,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2032,7 +1863,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -2041,7 +1872,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2052,9 +1883,14 @@ export interface operations {
             };
         };
     };
-    channel_consumer_dlq_retrieve: {
+    list_dead_jobs: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
+            };
             header?: never;
             path: {
                 channel_id: string;
@@ -2072,7 +1908,7 @@ export interface operations {
                     "application/json": components["schemas"]["DeadJobs"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2081,7 +1917,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2090,7 +1926,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2099,7 +1935,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2108,43 +1944,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2155,7 +1955,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_dlq_create: {
+    requeue_dead_jobs: {
         parameters: {
             query?: never;
             header?: never;
@@ -2179,7 +1979,7 @@ export interface operations {
                     "application/json": components["schemas"]["Requeued"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2188,7 +1988,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2197,7 +1997,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2206,7 +2006,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2215,25 +2015,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2242,7 +2024,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -2251,7 +2033,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2262,7 +2044,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_dlq_destroy: {
+    purge_dead_jobs: {
         parameters: {
             query?: never;
             header: {
@@ -2293,16 +2075,7 @@ export interface operations {
                     "application/json": components["schemas"]["PurgeGoesOn"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2311,7 +2084,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2320,7 +2093,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2329,43 +2102,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2376,7 +2113,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_dlq_action_retrieve: {
+    get_dead_letter_action: {
         parameters: {
             query?: never;
             header: {
@@ -2400,16 +2137,7 @@ export interface operations {
                     "application/json": components["schemas"]["DeadLetterAction"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2418,7 +2146,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2427,7 +2155,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2436,43 +2164,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2483,7 +2175,109 @@ export interface operations {
             };
         };
     };
-    channel_consumer_job_retrieve: {
+    extend_jobs: {
+        parameters: {
+            query?: never;
+            header: {
+                "X-Broker-Channel-Token": string;
+                "X-Broker-Consumer-Token": string;
+            };
+            path: {
+                channel_id: string;
+                consumer_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExtendRequestRequest"];
+            };
+        };
+        responses: {
+            /** @description a result per job, in their order */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ExtendResponse"];
+                };
+            };
+            /** @description a bad request: nothing changed */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a token header missing, or an unknown consumer or producer */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a token that does not match */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such resource (the first unknown ID in the path) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the consumer is a push consumer: only pull ones may call */
+            412: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the request body is over the size the broker accepts */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a body in another media type than those listed */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    get_job: {
         parameters: {
             query?: never;
             header: {
@@ -2508,16 +2302,7 @@ export interface operations {
                     "application/json": components["schemas"]["JobLinks"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2526,7 +2311,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2535,7 +2320,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2544,16 +2329,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the consumer is a push consumer: only pull ones may call */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -2562,25 +2338,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2591,7 +2349,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_job_create: {
+    transition_job: {
         parameters: {
             query?: never;
             header: {
@@ -2619,7 +2377,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2628,7 +2386,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2637,7 +2395,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2646,7 +2404,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2664,7 +2422,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the consumer is a push consumer: only pull ones may call */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -2673,7 +2431,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -2682,7 +2440,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -2691,7 +2449,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2702,7 +2460,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_job_destroy: {
+    delete_dead_job: {
         parameters: {
             query?: never;
             header: {
@@ -2726,16 +2484,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2744,7 +2493,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2753,7 +2502,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such job, or it is not DEAD */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2762,43 +2511,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2809,7 +2522,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_job_requeue_dead_job_create: {
+    requeue_dead_job: {
         parameters: {
             query?: never;
             header: {
@@ -2833,7 +2546,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input */
+            /** @description the job is not DEAD */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -2842,7 +2555,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2851,7 +2564,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2860,7 +2573,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2869,43 +2582,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2916,7 +2593,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_pause_create: {
+    pause_consumer: {
         parameters: {
             query?: never;
             header?: never;
@@ -2937,16 +2614,7 @@ export interface operations {
                     "application/json": components["schemas"]["Consumer"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -2955,7 +2623,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -2964,7 +2632,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -2973,43 +2641,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3020,7 +2652,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_queued_jobs_retrieve: {
+    list_queued_jobs: {
         parameters: {
             query?: {
                 /** @description default 25, max 100 */
@@ -3046,7 +2678,7 @@ export interface operations {
                     "application/json": components["schemas"]["QueuedJobs"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3055,7 +2687,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3064,7 +2696,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3073,7 +2705,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3082,16 +2714,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the consumer is a push consumer: only pull ones may call */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -3100,25 +2723,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3129,7 +2734,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_report_create: {
+    report_jobs: {
         parameters: {
             query?: never;
             header: {
@@ -3166,7 +2771,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description a token header missing, or an unknown consumer or producer */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3175,7 +2780,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description a token that does not match */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3184,7 +2789,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3193,16 +2798,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the consumer is a push consumer: only pull ones may call */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -3211,7 +2807,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3220,7 +2816,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -3229,7 +2825,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3240,7 +2836,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_resume_create: {
+    resume_consumer: {
         parameters: {
             query?: never;
             header?: never;
@@ -3261,16 +2857,7 @@ export interface operations {
                     "application/json": components["schemas"]["Consumer"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3279,7 +2866,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3288,7 +2875,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3297,43 +2884,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3344,7 +2895,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_secret_retrieve: {
+    get_signing_secret: {
         parameters: {
             query?: never;
             header?: never;
@@ -3364,16 +2915,7 @@ export interface operations {
                     "application/json": components["schemas"]["SigningSecret"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3382,7 +2924,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3391,7 +2933,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3400,43 +2942,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3447,7 +2953,7 @@ export interface operations {
             };
         };
     };
-    channel_consumer_secret_create: {
+    rotate_signing_secret: {
         parameters: {
             query?: never;
             header?: never;
@@ -3467,16 +2973,7 @@ export interface operations {
                     "application/json": components["schemas"]["SigningSecret"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3485,7 +2982,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3494,7 +2991,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3503,43 +3000,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3550,9 +3011,14 @@ export interface operations {
             };
         };
     };
-    channel_consumers_retrieve: {
+    list_consumers: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
+            };
             header?: never;
             path: {
                 channel_id: string;
@@ -3569,7 +3035,7 @@ export interface operations {
                     "application/json": components["schemas"]["ListResult"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3578,7 +3044,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3587,7 +3053,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3596,7 +3062,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3605,43 +3071,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3652,7 +3082,7 @@ export interface operations {
             };
         };
     };
-    channel_event_type_retrieve: {
+    get_event_type: {
         parameters: {
             query?: never;
             header?: never;
@@ -3672,16 +3102,7 @@ export interface operations {
                     "application/json": components["schemas"]["EventType"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3690,7 +3111,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3699,7 +3120,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3708,43 +3129,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3755,7 +3140,7 @@ export interface operations {
             };
         };
     };
-    channel_event_type_update: {
+    put_event_type: {
         parameters: {
             query?: never;
             header?: {
@@ -3782,7 +3167,7 @@ export interface operations {
                     "application/json": components["schemas"]["EventType"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3791,7 +3176,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3800,7 +3185,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3809,7 +3194,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3818,16 +3203,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -3836,7 +3212,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3845,7 +3221,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -3854,7 +3230,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3865,7 +3241,7 @@ export interface operations {
             };
         };
     };
-    channel_event_type_destroy: {
+    delete_event_type: {
         parameters: {
             query?: never;
             header?: {
@@ -3887,7 +3263,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input */
+            /** @description If-Unmodified-Since missing where the resource exists */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3896,7 +3272,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -3905,7 +3281,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -3914,7 +3290,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -3923,16 +3299,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -3941,25 +3308,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3970,9 +3319,14 @@ export interface operations {
             };
         };
     };
-    channel_event_types_retrieve: {
+    list_event_types: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
+            };
             header?: never;
             path: {
                 channel_id: string;
@@ -3989,7 +3343,7 @@ export interface operations {
                     "application/json": components["schemas"]["ListResult"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -3998,7 +3352,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4007,7 +3361,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4016,7 +3370,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4025,43 +3379,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4072,7 +3390,7 @@ export interface operations {
             };
         };
     };
-    channel_message_retrieve: {
+    get_message: {
         parameters: {
             query?: never;
             header?: never;
@@ -4092,16 +3410,7 @@ export interface operations {
                     "application/json": components["schemas"]["Message"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4110,7 +3419,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4119,7 +3428,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4128,43 +3437,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4175,7 +3448,7 @@ export interface operations {
             };
         };
     };
-    channel_message_replay_create: {
+    replay_message: {
         parameters: {
             query?: never;
             header?: never;
@@ -4187,8 +3460,8 @@ export interface operations {
         };
         requestBody?: {
             content: {
-                "application/x-www-form-urlencoded": components["schemas"]["ReplayFormRequest"];
                 "application/json": components["schemas"]["ReplayFormRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["ReplayFormRequest"];
             };
         };
         responses: {
@@ -4201,7 +3474,7 @@ export interface operations {
                     "application/json": components["schemas"]["Replay"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4210,7 +3483,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4219,7 +3492,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4228,7 +3501,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4246,16 +3519,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -4264,7 +3528,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -4273,7 +3537,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4284,9 +3548,13 @@ export interface operations {
             };
         };
     };
-    channel_messages_retrieve: {
+    list_messages: {
         parameters: {
             query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
                 /** @description ACKNOWLEDGED or DISPATCHED (or webhook-broker's 101 / 102), or SCHEDULED (not released yet; listed only when asked for) */
                 status?: string[];
             };
@@ -4306,7 +3574,7 @@ export interface operations {
                     "application/json": components["schemas"]["ListResult"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4315,7 +3583,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4324,7 +3592,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4333,7 +3601,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4342,43 +3610,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4389,7 +3621,7 @@ export interface operations {
             };
         };
     };
-    channel_messages_status_retrieve: {
+    get_messages_status: {
         parameters: {
             query?: never;
             header?: never;
@@ -4408,16 +3640,7 @@ export interface operations {
                     "application/json": components["schemas"]["MessagesStatus"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4426,7 +3649,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4435,7 +3658,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4444,43 +3667,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4491,7 +3678,7 @@ export interface operations {
             };
         };
     };
-    channel_periodic_message_retrieve: {
+    get_periodic_message: {
         parameters: {
             query?: never;
             header?: never;
@@ -4511,16 +3698,7 @@ export interface operations {
                     "application/json": components["schemas"]["PeriodicMessage"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4529,7 +3707,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4538,7 +3716,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4547,43 +3725,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4594,7 +3736,7 @@ export interface operations {
             };
         };
     };
-    channel_periodic_message_update: {
+    put_periodic_message: {
         parameters: {
             query?: never;
             header?: {
@@ -4621,7 +3763,7 @@ export interface operations {
                     "application/json": components["schemas"]["PeriodicMessage"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4630,7 +3772,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4639,7 +3781,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4648,7 +3790,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4657,7 +3799,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
+            /** @description created at the same moment by another request */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4666,7 +3808,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -4675,7 +3817,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -4684,7 +3826,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -4693,7 +3835,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4704,7 +3846,7 @@ export interface operations {
             };
         };
     };
-    channel_periodic_message_destroy: {
+    delete_periodic_message: {
         parameters: {
             query?: never;
             header?: {
@@ -4726,7 +3868,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input */
+            /** @description If-Unmodified-Since missing where the resource exists */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4735,7 +3877,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4744,7 +3886,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4753,7 +3895,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4762,16 +3904,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -4780,25 +3913,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4809,9 +3924,14 @@ export interface operations {
             };
         };
     };
-    channel_periodic_messages_retrieve: {
+    list_periodic_messages: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
+            };
             header?: never;
             path: {
                 channel_id: string;
@@ -4828,7 +3948,7 @@ export interface operations {
                     "application/json": components["schemas"]["ListResult"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4837,7 +3957,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4846,7 +3966,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4855,7 +3975,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4864,43 +3984,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4911,7 +3995,7 @@ export interface operations {
             };
         };
     };
-    channel_periodic_messages_create: {
+    create_periodic_message: {
         parameters: {
             query?: never;
             header?: never;
@@ -4935,7 +4019,7 @@ export interface operations {
                     "application/json": components["schemas"]["PeriodicMessage"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -4944,7 +4028,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -4953,7 +4037,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -4962,7 +4046,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -4971,7 +4055,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
+            /** @description a periodic message with that ID exists */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -4980,16 +4064,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -4998,7 +4073,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -5007,7 +4082,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5018,7 +4093,7 @@ export interface operations {
             };
         };
     };
-    channel_scheduled_message_retrieve: {
+    get_scheduled_message: {
         parameters: {
             query?: never;
             header?: never;
@@ -5038,16 +4113,7 @@ export interface operations {
                     "application/json": components["schemas"]["ScheduledMessage"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5056,7 +4122,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5065,7 +4131,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -5074,43 +4140,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5121,7 +4151,7 @@ export interface operations {
             };
         };
     };
-    channel_scheduled_message_destroy: {
+    cancel_scheduled_message: {
         parameters: {
             query?: never;
             header?: never;
@@ -5140,16 +4170,7 @@ export interface operations {
                 };
                 content?: never;
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5158,7 +4179,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5185,34 +4206,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5223,9 +4217,13 @@ export interface operations {
             };
         };
     };
-    channel_scheduled_messages_retrieve: {
+    list_scheduled_messages: {
         parameters: {
             query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
                 /** @description SCHEDULED (not released yet) or DISPATCHED (released), or webhook-broker's 101 / 102 */
                 status?: string[];
             };
@@ -5245,7 +4243,7 @@ export interface operations {
                     "application/json": components["schemas"]["ScheduledList"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5254,7 +4252,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5263,7 +4261,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5272,7 +4270,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -5281,43 +4279,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5328,7 +4290,7 @@ export interface operations {
             };
         };
     };
-    channel_retrieve: {
+    get_channel: {
         parameters: {
             query?: never;
             header?: never;
@@ -5347,16 +4309,7 @@ export interface operations {
                     "application/json": components["schemas"]["Channel"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5365,7 +4318,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5374,7 +4327,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -5383,43 +4336,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5430,7 +4347,7 @@ export interface operations {
             };
         };
     };
-    channel_update: {
+    put_channel: {
         parameters: {
             query?: never;
             header?: {
@@ -5456,7 +4373,7 @@ export interface operations {
                     "application/json": components["schemas"]["Channel"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5465,7 +4382,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5474,7 +4391,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5483,7 +4400,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -5492,16 +4409,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -5510,7 +4418,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -5519,7 +4427,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -5528,7 +4436,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5539,9 +4447,14 @@ export interface operations {
             };
         };
     };
-    channels_retrieve: {
+    list_channels: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -5556,7 +4469,7 @@ export interface operations {
                     "application/json": components["schemas"]["ListResult"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5565,7 +4478,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5574,7 +4487,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5583,52 +4496,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5639,7 +4507,7 @@ export interface operations {
             };
         };
     };
-    dlq_status_retrieve: {
+    get_dlq_status: {
         parameters: {
             query?: never;
             header?: never;
@@ -5656,16 +4524,7 @@ export interface operations {
                     "application/json": components["schemas"]["DlqStatus"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5674,7 +4533,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5683,52 +4542,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5739,7 +4553,7 @@ export interface operations {
             };
         };
     };
-    job_status_retrieve: {
+    get_job_status: {
         parameters: {
             query?: never;
             header?: never;
@@ -5757,34 +4571,25 @@ export interface operations {
                     "application/json": {
                         [key: string]: {
                             [key: string]: {
-                                /** @enum {integer} */
-                                status: 1001 | 1002 | 1003 | 1004;
                                 count: number;
                                 /** Format: date-time */
-                                oldestItemTimestamp: string;
-                                /** Format: date-time */
                                 newestItemTimestamp: string;
-                                statusName?: string;
+                                /** Format: date-time */
+                                oldestItemTimestamp: string;
                                 /**
                                  * Format: date-time
                                  * @description only for a count from the summary: when it was counted
                                  */
                                 refreshedAt?: string;
+                                /** @enum {integer} */
+                                status: 1001 | 1002 | 1003 | 1004;
+                                statusName?: string;
                             }[];
                         };
                     };
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5793,7 +4598,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5802,52 +4607,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5858,7 +4618,7 @@ export interface operations {
             };
         };
     };
-    metrics_retrieve: {
+    get_metrics: {
         parameters: {
             query?: never;
             header?: never;
@@ -5876,16 +4636,7 @@ export interface operations {
                     "text/plain": string;
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5894,7 +4645,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5903,52 +4654,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5959,7 +4665,7 @@ export interface operations {
             };
         };
     };
-    producer_retrieve: {
+    get_producer: {
         parameters: {
             query?: never;
             header?: never;
@@ -5978,16 +4684,7 @@ export interface operations {
                     "application/json": components["schemas"]["Producer"];
                 };
             };
-            /** @description bad input */
-            400: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -5996,7 +4693,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -6005,7 +4702,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -6014,43 +4711,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6061,7 +4722,7 @@ export interface operations {
             };
         };
     };
-    producer_update: {
+    put_producer: {
         parameters: {
             query?: never;
             header?: {
@@ -6087,7 +4748,7 @@ export interface operations {
                     "application/json": components["schemas"]["Producer"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6096,7 +4757,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -6105,7 +4766,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -6114,7 +4775,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
+            /** @description no such resource (the first unknown ID in the path) */
             404: {
                 headers: {
                     [name: string]: unknown;
@@ -6123,16 +4784,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
+            /** @description the resource changed since If-Unmodified-Since: read it again */
             412: {
                 headers: {
                     [name: string]: unknown;
@@ -6141,7 +4793,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description payload too large */
+            /** @description the request body is over the size the broker accepts */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -6150,7 +4802,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unsupported media type */
+            /** @description a body in another media type than those listed */
             415: {
                 headers: {
                     [name: string]: unknown;
@@ -6159,7 +4811,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6170,9 +4822,14 @@ export interface operations {
             };
         };
     };
-    producers_retrieve: {
+    list_producers: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description the `Pages.next` cursor: the page of older items */
+                next?: string;
+                /** @description the `Pages.previous` cursor: the page of newer items */
+                previous?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;
@@ -6187,7 +4844,7 @@ export interface operations {
                     "application/json": components["schemas"]["ListResult"];
                 };
             };
-            /** @description bad input */
+            /** @description invalid input: the message names the field */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -6196,7 +4853,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description missing or unknown credentials */
+            /** @description no admin credentials, or an unknown admin token */
             401: {
                 headers: {
                     [name: string]: unknown;
@@ -6205,7 +4862,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description wrong credentials */
+            /** @description credentials that are not an admin's */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -6214,52 +4871,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description unknown resource */
-            404: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description conflict (duplicate message ID, consumer paused) */
-            409: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description precondition failed (If-Unmodified-Since, consumer type) */
-            412: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description payload too large */
-            413: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description unsupported media type */
-            415: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["Error"];
-                };
-            };
-            /** @description database unavailable */
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
             503: {
                 headers: {
                     [name: string]: unknown;
