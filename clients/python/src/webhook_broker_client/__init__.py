@@ -1,4 +1,4 @@
-"""Python clients for the webhook broker (docs/clients.md, clients/python/README.md)."""
+"""Python clients for the webhook broker; clients/python/README.md shows how to use them."""
 
 from webhook_broker_client._http import RetryPolicy, __version__
 from webhook_broker_client._messages import BatchMessage
