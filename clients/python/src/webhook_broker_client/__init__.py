@@ -1,0 +1,45 @@
+"""Python clients for the webhook broker; clients/python/README.md shows how to use them."""
+
+from webhook_broker_client._http import RetryPolicy, __version__
+from webhook_broker_client._messages import BatchMessage
+from webhook_broker_client.admin import Admin
+from webhook_broker_client.errors import (
+    BadRequest,
+    BrokerError,
+    BrokerUnavailable,
+    Conflict,
+    NotFound,
+    PreconditionFailed,
+    RateLimited,
+    ServerError,
+    Unauthorized,
+)
+from webhook_broker_client.producer import AsyncProducer, Producer
+from webhook_broker_client.signatures import (
+    InvalidSignature,
+    TimestampOutOfTolerance,
+    WebhookVerificationError,
+    verify,
+)
+
+__all__ = [
+    "Admin",
+    "AsyncProducer",
+    "BadRequest",
+    "BatchMessage",
+    "BrokerError",
+    "BrokerUnavailable",
+    "Conflict",
+    "InvalidSignature",
+    "NotFound",
+    "PreconditionFailed",
+    "Producer",
+    "RateLimited",
+    "RetryPolicy",
+    "ServerError",
+    "TimestampOutOfTolerance",
+    "Unauthorized",
+    "WebhookVerificationError",
+    "__version__",
+    "verify",
+]
