@@ -316,20 +316,30 @@ def test_purge_deletes_only_this_consumers_dead_jobs(client, channel, kind):
     [
         (DLQ, {}, 401),
         (DLQ, {"X-Broker-Channel-Token": "channel-token"}, 401),
-        (DLQ, ADMIN, 401),
         (DLQ, tokens(channel="wrong"), 403),
         (DLQ, tokens("wrong"), 403),
+        (DLQ, {**ADMIN, **tokens("wrong")}, 403),  # tokens given must be right, admin or not
         ("/channel/orders/consumer/nobody/dlq", tokens(), 404),  # as webhook-broker
         ("/channel/nowhere/consumer/worker/dlq", tokens(), 404),
     ],
 )
-def test_purge_needs_both_tokens(client, worker, url, headers, expected):
+def test_purge_needs_both_tokens_or_an_admin(client, worker, url, headers, expected):
     jobs_of(worker, 2)
 
     response = client.delete(url, headers=headers)
 
     assert response.status_code == expected
     assert Job.objects.filter(status=DEAD).count() == 2
+
+
+def test_an_admin_purges_without_the_consumers_tokens(client, worker):
+    jobs_of(worker, 2)
+
+    response = client.delete(DLQ, headers=ADMIN)
+
+    assert (response.status_code, response.json()) == (200, {"deletedCount": 2})
+    assert not Job.objects.filter(status=DEAD).exists()
+    assert client.delete("/channel/orders/consumer/nobody/dlq", headers=ADMIN).status_code == 404
 
 
 # Summaries
