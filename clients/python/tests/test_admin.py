@@ -255,6 +255,10 @@ def test_dead_letter_queue(broker: Broker, admin: Admin, publisher: Publisher) -
     )
     assert purged == {"count": 3, "action": None}
     assert list(admin.dead_jobs(publisher.channel_id, consumer_id)) == []
+    with producer_for(broker, publisher) as producer:
+        producer.publish("m4")
+    claim_and_report(broker, publisher, consumer, "DEAD")
+    assert admin.purge_dlq(publisher.channel_id, consumer_id) == {"count": 1, "action": None}
     with pytest.raises(NotFound):
         admin.dlq_action(publisher.channel_id, consumer_id, "d4ksq9g00000000001k0")
 

@@ -245,19 +245,22 @@ export class Admin {
     return (await this.post(consumerPath(channelId, consumerId) + "/dlq", form)) as Requeued;
   }
 
-  /** Deletes the consumer's dead jobs; the broker asks for the consumer's own tokens here. */
+  /** Deletes the consumer's dead jobs, as the admin; or with the channel's and the consumer's
+   * tokens when given (webhook-broker's way). */
   async purgeDeadJobs(
     channelId: string,
     consumerId: string,
-    tokens: ConsumerTokens,
+    tokens?: ConsumerTokens,
   ): Promise<Purged> {
     const answer = await this.http.send({
       method: "DELETE",
       path: consumerPath(channelId, consumerId) + "/dlq",
-      headers: {
-        "X-Broker-Channel-Token": tokens.channelToken,
-        "X-Broker-Consumer-Token": tokens.consumerToken,
-      },
+      headers: tokens
+        ? {
+            "X-Broker-Channel-Token": tokens.channelToken,
+            "X-Broker-Consumer-Token": tokens.consumerToken,
+          }
+        : {},
     });
     return answer.body as Purged;
   }

@@ -201,6 +201,11 @@ describe("the dead-letter queue", () => {
     const purged = await admin.purgeDeadJobs(channelId, consumerId, consumer);
     assert.equal(purged.deletedCount, 3);
     assert.deepEqual(await collect(admin.deadJobs(channelId, consumerId)), []);
+
+    assert.equal((await admin.requeueDeadJobs(channelId, consumerId)).requeuedCount, 0);
+    await channel.producer().publish("one more");
+    assert.equal((await claimAndReport(consumer, 10, "DEAD")).length, 1);
+    assert.equal((await admin.purgeDeadJobs(channelId, consumerId)).deletedCount, 1); // as admin
   });
 
   test("a requeue with the consumer's token, and a wrong token refused", async () => {

@@ -161,15 +161,22 @@ class MessageCalls(AdminBase):
         return _dlq_result(self._post(url, fields), "requeuedCount")
 
     def purge_dlq(
-        self, channel_id: str, consumer_id: str, *, channel_token: str, consumer_token: str
+        self,
+        channel_id: str,
+        consumer_id: str,
+        *,
+        channel_token: str | None = None,
+        consumer_token: str | None = None,
     ) -> DlqResult:
-        """Delete the dead jobs. The broker asks for the channel's and the consumer's tokens
-        here (an admin token is not enough: docs/api.md, "Dead-letter queue")."""
+        """Delete the dead jobs, as the admin; or with the channel's and the consumer's tokens
+        when both are given (webhook-broker's way: docs/api.md, "Dead-letter queue")."""
         url = path("channel", channel_id, "consumer", consumer_id, "dlq")
-        tokens = {
-            "X-Broker-Channel-Token": channel_token,
-            "X-Broker-Consumer-Token": consumer_token,
-        }
+        tokens = {}
+        if channel_token is not None or consumer_token is not None:
+            tokens = {
+                "X-Broker-Channel-Token": channel_token or "",
+                "X-Broker-Consumer-Token": consumer_token or "",
+            }
         answer = self._http.request("DELETE", url, headers=tokens).json()
         return _dlq_result(answer, "deletedCount")
 
