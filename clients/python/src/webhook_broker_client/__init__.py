@@ -1,6 +1,7 @@
 """Python clients for the webhook broker (docs/clients.md, clients/python/README.md)."""
 
 from webhook_broker_client._http import RetryPolicy, __version__
+from webhook_broker_client._messages import BatchMessage
 from webhook_broker_client.errors import (
     BadRequest,
     BrokerError,
@@ -12,14 +13,18 @@ from webhook_broker_client.errors import (
     ServerError,
     Unauthorized,
 )
+from webhook_broker_client.producer import AsyncProducer, Producer
 
 __all__ = [
+    "AsyncProducer",
     "BadRequest",
+    "BatchMessage",
     "BrokerError",
     "BrokerUnavailable",
     "Conflict",
     "NotFound",
     "PreconditionFailed",
+    "Producer",
     "RateLimited",
     "RetryPolicy",
     "ServerError",
