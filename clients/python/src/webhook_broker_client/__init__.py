@@ -2,6 +2,7 @@
 
 from webhook_broker_client._http import RetryPolicy, __version__
 from webhook_broker_client._messages import BatchMessage
+from webhook_broker_client.admin import Admin
 from webhook_broker_client.errors import (
     BadRequest,
     BrokerError,
@@ -16,6 +17,7 @@ from webhook_broker_client.errors import (
 from webhook_broker_client.producer import AsyncProducer, Producer
 
 __all__ = [
+    "Admin",
     "AsyncProducer",
     "BadRequest",
     "BatchMessage",
