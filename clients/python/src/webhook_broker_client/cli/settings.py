@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import click
 
+from webhook_broker_client.admin import Admin
+
 URL_VARIABLE = "WEBHOOK_BROKER_URL"
 TOKEN_VARIABLE = "WEBHOOK_BROKER_TOKEN"  # noqa: S105 - a name, not a secret
 CHANNEL_TOKEN_VARIABLE = "WEBHOOK_BROKER_CHANNEL_TOKEN"  # noqa: S105 - a name, not a secret
@@ -43,3 +45,9 @@ def required(value: str | None, flag: str, variable: str, what: str) -> str:
 def current_settings() -> Settings:
     """The Settings of the command being run (made by the group)."""
     return click.get_current_context().ensure_object(Settings)
+
+
+def admin_client() -> Admin:
+    """The admin client for the configured broker and token."""
+    settings = current_settings()
+    return Admin(settings.broker_url(), settings.admin_token())
