@@ -11,7 +11,8 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,6 +25,7 @@ from webhook_broker_client.cli import cli
 
 SOURCE_DIR = Path(__file__).resolve().parents[1] / "src"
 PROCESS_TIMEOUT = 120.0
+WAIT_TIMEOUT = 60.0  # generous: deliveries on a loaded machine
 
 
 def broker_env(broker: Broker, **extra: str) -> dict[str, str]:
@@ -79,9 +81,9 @@ def run_process(
 
 
 class Receiver:
-    """A loopback HTTP receiver that answers 200 to every POST and keeps the bodies."""
+    """A loopback HTTP receiver that answers `status` to every POST and keeps the bodies."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
         self.bodies: list[bytes] = []
         received = self.bodies
 
@@ -89,7 +91,7 @@ class Receiver:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 received.append(self.rfile.read(length))
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -109,3 +111,15 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             thread.join()
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT_TIMEOUT) -> Any:
+    """Poll `condition` until it returns something true; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        outcome = condition()
+        if outcome:
+            return outcome
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout} s waiting for {what}")
+        time.sleep(0.2)
