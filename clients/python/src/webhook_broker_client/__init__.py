@@ -1,4 +1,4 @@
-"""Python clients for the webhook broker (docs/clients.md, clients/python/README.md)."""
+"""Python clients for the webhook broker; clients/python/README.md shows how to use them."""
 
 from webhook_broker_client._http import RetryPolicy, __version__
 from webhook_broker_client._messages import BatchMessage
@@ -15,6 +15,12 @@ from webhook_broker_client.errors import (
     Unauthorized,
 )
 from webhook_broker_client.producer import AsyncProducer, Producer
+from webhook_broker_client.signatures import (
+    InvalidSignature,
+    TimestampOutOfTolerance,
+    WebhookVerificationError,
+    verify,
+)
 
 __all__ = [
     "Admin",
@@ -24,12 +30,16 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailable",
     "Conflict",
+    "InvalidSignature",
     "NotFound",
     "PreconditionFailed",
     "Producer",
     "RateLimited",
     "RetryPolicy",
     "ServerError",
+    "TimestampOutOfTolerance",
     "Unauthorized",
+    "WebhookVerificationError",
     "__version__",
+    "verify",
 ]
