@@ -21,6 +21,16 @@ MESSAGE_FIELDS = [
     "DispatchedAt",
     "Payload",
 ]
+PAYLOAD_SHOWN = 500  # characters of a payload in the table; --json has it whole
+
+
+def clipped(value: object) -> object:
+    text = str(value) if value is not None else None
+    if text is None or len(text) <= PAYLOAD_SHOWN:
+        return value
+    return f"{text[:PAYLOAD_SHOWN]}… ({len(text)} characters; --json shows it whole)"
+
+
 # A job's last attempt, as the API shows it: the attempts made, when the job last changed
 # state, and the last attempt's error (the API has no attempt-by-attempt history).
 JOB_COLUMNS = ["ListenerName", "ID", "Status", "Attempts", "StatusChangedAt", "LastError"]
@@ -41,8 +51,12 @@ def get_message(channel: str, message_id: str) -> None:
         message = admin.get_message(channel, message_id)
 
     def human(out: Console) -> None:
-        shown = [(name, value) for name, value in fields_of(dict(message), MESSAGE_FIELDS)]
-        out.print(record(f"message {message['ID']}", [f for f in shown if f[0] != "Jobs"]))
+        fields = [
+            (name, clipped(value) if name == "Payload" else value)
+            for name, value in fields_of(dict(message), MESSAGE_FIELDS)
+            if name != "Jobs"
+        ]
+        out.print(record(f"message {message['ID']}", fields))
         rows = ([job.get(name) for name in JOB_COLUMNS] for job in message["Jobs"])
         out.print(table("jobs", ["Consumer", *JOB_COLUMNS[1:]], rows))
 
