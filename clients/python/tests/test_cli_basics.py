@@ -74,3 +74,16 @@ def test_an_unreachable_broker_exits_3(broker: Broker) -> None:
     result = run_process(broker, "--url", url, "status")
     assert result.returncode == 3
     assert "no answer from the broker" in result.stderr
+
+
+def test_tail_of_a_missing_channel_exits_1_at_once(broker: Broker) -> None:
+    result = run_process(broker, "tail", "no-such-channel")
+    assert result.returncode == 1
+    assert "HTTP 404" in result.stderr
+
+
+def test_json_errors_stay_off_stdout(broker: Broker) -> None:
+    result = run_process(broker, "--json", "consumers", "get", "no-such-channel", "k")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: HTTP 404")
