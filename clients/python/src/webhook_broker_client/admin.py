@@ -7,8 +7,9 @@ typed by models.py (the broker's own field names). Lists are iterators that foll
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Self
 
+from webhook_broker_client._admin_base import path
 from webhook_broker_client._admin_messages import MessageCalls
 from webhook_broker_client._admin_setup import SetupCalls
 from webhook_broker_client._http import DEFAULT_TIMEOUT, HttpClient, RetryPolicy
@@ -50,6 +51,51 @@ class Admin(SetupCalls, MessageCalls):
         result: DlqStatus = self._get("/dlq-status")
         return result
 
+    def metrics(self) -> str:
+        """`/metrics` as Prometheus text (the command line reads the dispatchers' heartbeats)."""
+        return self._http.request("GET", "/metrics").text
+
+    # A pull consumer's jobs, with its two tokens (not admin calls: the broker asks for them),
+    # for the command line's `pull`; the Worker is the client for processing jobs.
+    def claim_jobs(
+        self,
+        channel_id: str,
+        consumer_id: str,
+        *,
+        channel_token: str,
+        consumer_token: str,
+        limit: int = 25,
+        timeout: int | None = None,
+        wait: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Take up to `limit` queued jobs (INFLIGHT for `timeout` seconds); the `claim` answer's
+        `Result`. Retried on no answer: a claim whose answer was lost only leases jobs that
+        come back when their leases end."""
+        body: dict[str, Any] = {"limit": limit, "wait": wait}
+        if timeout is not None:
+            body["timeout"] = timeout
+        url = path("channel", channel_id, "consumer", consumer_id, "claim")
+        headers = _pull_tokens(channel_token, consumer_token)
+        answer = self._http.request("POST", url, json=body, headers=headers, retry=True)
+        result: list[dict[str, Any]] = answer.json()["Result"]
+        return result
+
+    def report_jobs(
+        self,
+        channel_id: str,
+        consumer_id: str,
+        jobs: list[dict[str, Any]],
+        *,
+        channel_token: str,
+        consumer_token: str,
+    ) -> list[dict[str, Any]]:
+        """Report jobs' outcomes (`{"ID", "NextState", ...}` each); a result per job."""
+        url = path("channel", channel_id, "consumer", consumer_id, "report")
+        headers = _pull_tokens(channel_token, consumer_token)
+        answer = self._http.request("POST", url, json={"Jobs": jobs}, headers=headers, retry=True)
+        result: list[dict[str, Any]] = answer.json()["Result"]
+        return result
+
     def close(self) -> None:
         self._http.close()
 
@@ -58,3 +104,7 @@ class Admin(SetupCalls, MessageCalls):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _pull_tokens(channel_token: str, consumer_token: str) -> dict[str, str]:
+    return {"X-Broker-Channel-Token": channel_token, "X-Broker-Consumer-Token": consumer_token}
