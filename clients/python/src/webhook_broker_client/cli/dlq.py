@@ -17,7 +17,6 @@ from webhook_broker_client.cli.settings import (
     CHANNEL_TOKEN_VARIABLE,
     CONSUMER_TOKEN_VARIABLE,
     admin_client,
-    required,
 )
 from webhook_broker_client.models import DlqResult
 
@@ -113,15 +112,11 @@ def requeue(channel: str, consumer: str, since: str | None, yes: bool) -> None:
 def purge(
     channel: str, consumer: str, channel_token: str | None, consumer_token: str | None, yes: bool
 ) -> None:
-    """Delete CONSUMER's dead jobs for good (the broker asks for its two tokens)."""
-    tokens = {
-        "channel_token": required(
-            channel_token, "--channel-token", CHANNEL_TOKEN_VARIABLE, "the channel token"
-        ),
-        "consumer_token": required(
-            consumer_token, "--consumer-token", CONSUMER_TOKEN_VARIABLE, "the consumer token"
-        ),
-    }
+    """Delete CONSUMER's dead jobs for good: as the admin, or with the channel's and the
+    consumer's tokens when both are given."""
+    tokens = {}
+    if channel_token and consumer_token:
+        tokens = {"channel_token": channel_token, "consumer_token": consumer_token}
     with admin_client() as admin:
         count = dead_count(admin, channel, consumer)
         if count == 0:
