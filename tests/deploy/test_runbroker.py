@@ -47,7 +47,7 @@ def clone(tmp_path):
     """A directory that looks like a clone with its venv: the broker's files, written to here."""
     skip_if_moved()  # the broker's processes run on the real clock
     (tmp_path / ".venv").symlink_to(sys.prefix)
-    for name in ("manage.py", "docs"):
+    for name in ("manage.py", "docs", "clients"):
         (tmp_path / name).symlink_to(ROOT / name)
     yield tmp_path
     delete_embedded_server(tmp_path / "postgres")  # left running if a test killed runbroker
@@ -191,6 +191,28 @@ class TestRunbroker:
 def test_the_readme_quick_start_works_as_written(clone):
     """The README's quick start, pasted into bash next to the README's broker: a verified
     webhook, a pulled and acknowledged job, a dead job, and the requeued job delivered."""
+    text = run_beside_the_readme_broker(clone, "quick-start", until='"id": "order-43"')
+    assert 'verified webhook {"id": "order-42", "channel": "orders"' in text
+    assert re.search(r"acknowledged job [0-9a-v]{20}", text)
+    assert '"MessageURL":"/channel/orders/message/order-43"' in text  # the DLQ listing
+    assert '{"requeuedCount":1}' in text
+    assert "rejected" not in text
+
+
+@pytest.mark.slow  # it installs the Python client into the venv (a wheel built from clients/)
+def test_the_readme_quick_start_with_the_command_line_works_as_written(clone):
+    """The same steps with the command line (`webhook-broker`), installed as the block says."""
+    text = run_beside_the_readme_broker(clone, "quick-start-cli", until='"id": "order-45"')
+    assert 'verified webhook {"id": "order-44", "channel": "orders"' in text
+    assert re.search(r"acknowledged job [0-9a-v]{20}", text)
+    assert "order-45" in text  # the DLQ listing
+    assert "requeued 1 dead job(s)" in text
+    assert "rejected" not in text
+
+
+def run_beside_the_readme_broker(clone: Path, block: str, until: str) -> str:
+    """The README's `block` in bash -e next to runbroker on port 8000, as a user pastes it; its
+    output once it has exited 0 and `until` (the receiver's last line) has shown."""
     if not (port_is_free(8000) and port_is_free(9000)):
         pytest.fail("the README's quick start uses ports 8000 and 9000, and one is taken")
     run_command = readme_block("run-command").split(" && ")[-1]
@@ -198,29 +220,24 @@ def test_the_readme_quick_start_works_as_written(clone):
         "BROKER_ALLOW_PRIVATE_CALLBACKS=true .venv/bin/python manage.py runbroker"
     )
     process, _ = start_runbroker(clone)  # the same command and environment, as a process
-    quick_start = None
+    pasted = None
     try:
         wait_until(lambda: answers("http://127.0.0.1:8000/_status"), seconds=120)
-        output = clone / "quick-start.out"
-        quick_start = subprocess.Popen(
-            ["/bin/bash", "-e", "-o", "pipefail", "-c", readme_block("quick-start")],
+        output = clone / f"{block}.out"
+        pasted = subprocess.Popen(
+            ["/bin/bash", "-e", "-o", "pipefail", "-c", readme_block(block)],
             cwd=clone,
             stdout=output.open("w"),
             stderr=subprocess.STDOUT,
             start_new_session=True,  # the receiver it leaves running is in its process group
         )
-        assert quick_start.wait(timeout=300) == 0, output.read_text()
-        wait_until(lambda: '"id": "order-43"' in output.read_text(), seconds=60)
-        text = output.read_text()
-        assert 'verified webhook {"id": "order-42", "channel": "orders"' in text
-        assert re.search(r"acknowledged job [0-9a-v]{20}", text)
-        assert '"MessageURL":"/channel/orders/message/order-43"' in text  # the DLQ listing
-        assert '{"requeuedCount":1}' in text
-        assert "rejected" not in text
+        assert pasted.wait(timeout=300) == 0, output.read_text()
+        wait_until(lambda: until in output.read_text(), seconds=60)
+        return output.read_text()
     finally:
-        if quick_start is not None:
+        if pasted is not None:
             with contextlib.suppress(ProcessLookupError):  # the receiver it left running
-                os.killpg(quick_start.pid, signal.SIGTERM)
+                os.killpg(pasted.pid, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
 

@@ -73,11 +73,19 @@ def test_messages_get_shows_each_consumer_s_job(
     pull_options = ("--callback-url", "http://127.0.0.1:9/unused", "--type", "pull")
     add_consumer(broker, setup.channel, "warehouse", *pull_options)
     publish(broker, setup, "order-42", '{"order": 42}')
-    wait_for(
-        lambda: job_status(broker, setup.channel, "order-42", "billing") == "DELIVERED",
-        "billing's job DELIVERED",
-    )
+    waited = ("messages", "wait", setup.channel, "order-42", "--consumer", "billing")
+    delivered = run_process(broker, "--json", *waited, "--status", "DELIVERED")
+    assert delivered.returncode == 0, delivered.stderr
+    billing = [
+        job for job in json.loads(delivered.stdout)["Jobs"] if job["ListenerName"] == "billing"
+    ]
+    assert [job["Status"] for job in billing] == ["DELIVERED"]
     assert receiver.bodies == [b'{"order": 42}']
+    # A state the job never reaches: exit 1 once --timeout is over, saying what was awaited.
+    never = run_process(broker, *waited, "--status", "DEAD", "--timeout", "1")
+    assert never.returncode == 1
+    assert "gave up after 1 s: billing's job for order-42 is not DEAD" in never.stderr
+    assert "DELIVERED" in never.stdout  # the message with its jobs, to see why
     shown = invoke(broker, "messages", "get", setup.channel, "order-42")
     assert shown.exit_code == 0
     for text in ("order-42", "billing", "warehouse", "DELIVERED", "QUEUED"):

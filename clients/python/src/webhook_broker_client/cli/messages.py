@@ -1,14 +1,20 @@
-"""`messages get` (a message with every consumer's job) and `messages list`."""
+"""`messages get` (a message with every consumer's job), `messages wait` (until a consumer's job
+is in a state) and `messages list`."""
 
 from __future__ import annotations
+
+import time
 
 import click
 from rich.console import Console
 
+from webhook_broker_client.admin import Admin
 from webhook_broker_client.cli.app import json_option
-from webhook_broker_client.cli.output import emit, fields_of, record, table
+from webhook_broker_client.cli.output import emit, error, fields_of, record, table
 from webhook_broker_client.cli.resources import first, limit_option
 from webhook_broker_client.cli.settings import admin_client
+from webhook_broker_client.errors import NotFound
+from webhook_broker_client.models import Message
 
 MESSAGE_FIELDS = [
     "ID",
@@ -50,6 +56,10 @@ def get_message(channel: str, message_id: str) -> None:
     with admin_client() as admin:
         message = admin.get_message(channel, message_id)
 
+    show_message(message)
+
+
+def show_message(message: Message) -> None:
     def human(out: Console) -> None:
         fields = [
             (name, clipped(value) if name == "Payload" else value)
@@ -61,6 +71,47 @@ def get_message(channel: str, message_id: str) -> None:
         out.print(table("jobs", ["Consumer", *JOB_COLUMNS[1:]], rows))
 
     emit(message, human)
+
+
+POLL_SECONDS = 0.5
+JOB_STATES = ["QUEUED", "INFLIGHT", "DELIVERED", "DEAD"]
+EXIT_TIMED_OUT = 1
+
+
+@messages.command("wait")
+@click.argument("channel")
+@click.argument("message_id", metavar="ID")
+@click.option("--consumer", required=True, help="The consumer's name (its ID unless renamed).")
+@click.option("--status", required=True, type=click.Choice(JOB_STATES, case_sensitive=False))
+@click.option("--timeout", default=30.0, show_default=True, type=click.FloatRange(min=0))
+@json_option
+def wait_for_job(channel: str, message_id: str, consumer: str, status: str, timeout: float) -> None:
+    """Wait until CONSUMER's job for message ID is in STATUS, then show the message. After
+    --timeout seconds, show it with its jobs (Status, LastError say why) and exit 1."""
+    deadline = time.monotonic() + timeout
+    with admin_client() as admin:
+        while True:
+            message = _message_or_none(admin, channel, message_id)
+            jobs = message["Jobs"] if message else []
+            if message and any(
+                job["ListenerName"] == consumer and job["Status"] == status.upper() for job in jobs
+            ):
+                show_message(message)
+                return
+            if time.monotonic() >= deadline:
+                waited = f"{consumer}'s job for {message_id} is not {status.upper()}"
+                error(f"gave up after {timeout:g} s: {waited}")
+                if message:
+                    show_message(message)
+                raise click.exceptions.Exit(EXIT_TIMED_OUT)
+            time.sleep(POLL_SECONDS)
+
+
+def _message_or_none(admin: Admin, channel: str, message_id: str) -> Message | None:
+    try:
+        return admin.get_message(channel, message_id)
+    except NotFound:  # not yet: a scheduled message, or one still being published
+        return None
 
 
 @messages.command("list")
