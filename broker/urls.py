@@ -37,6 +37,7 @@ from consumers.api import (
 from jobs.api.dlq import DeadLetterActionView, DeadLetterQueueView
 from jobs.api.metrics import MetricsView
 from jobs.api.pull import ClaimView, JobView, QueuedJobsView, RequeueDeadJobView
+from jobs.api.pull_extend import ExtendView
 from jobs.api.pull_report import ReportView
 from jobs.api.summaries import DlqStatusView, JobStatusView
 
@@ -87,6 +88,7 @@ urlpatterns = [
     path(f"{CONSUMER}/queued-jobs", QueuedJobsView.as_view()),
     path(f"{CONSUMER}/claim", ClaimView.as_view()),
     path(f"{CONSUMER}/report", ReportView.as_view()),
+    path(f"{CONSUMER}/extend", ExtendView.as_view()),
     path(f"{CONSUMER}/job/<key:job_id>", JobView.as_view()),
     path(f"{CONSUMER}/job/<key:job_id>/requeue-dead-job", RequeueDeadJobView.as_view()),
     path(f"{CONSUMER}/dlq", DeadLetterQueueView.as_view()),

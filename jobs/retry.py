@@ -74,16 +74,25 @@ def _decide_failure(result: AttemptResult, consumer: Consumer, now: datetime) ->
     if result.status_code in (consumer.non_retryable_statuses or []):
         return Outcome(Verdict.DEAD, f"HTTP {result.status_code} is not retryable")
     unavailable = is_unavailable(result)
-    delays = consumer.retry_delays_in_effect
-    if result.attempt > len(delays):
+    delay = retry_delay(consumer, result.attempt)
+    if delay is None:
         reason = f"{result.error}; all {result.attempt} attempts used"
         return Outcome(Verdict.DEAD, reason, unavailable=unavailable)
-    delay = jittered(delays[result.attempt - 1], broker_settings.BROKER_RETRY_JITTER)
     if result.retry_after is not None:
         # Honoured up to the consumer's longest retry delay (Retry-After is at most a day).
-        delay = max(delay, min(result.retry_after, max(delays)))
+        delay = max(delay, min(result.retry_after, max(consumer.retry_delays_in_effect)))
     due_at = now + timedelta(seconds=delay)
     return Outcome(Verdict.RETRY, result.error, due_at=due_at, unavailable=unavailable)
+
+
+def retry_delay(consumer: Consumer, attempt: int) -> float | None:
+    """Seconds until a job that failed its `attempt`-th attempt is due again, by the consumer's
+    retry schedule (jittered); None once every attempt is used. Push deliveries and pull
+    workers' give-backs with `Backoff` (jobs/queue/reports.py) both follow it."""
+    delays = consumer.retry_delays_in_effect
+    if attempt > len(delays):
+        return None
+    return jittered(delays[attempt - 1], broker_settings.BROKER_RETRY_JITTER)
 
 
 def is_unavailable(result: AttemptResult) -> bool:

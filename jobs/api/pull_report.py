@@ -33,7 +33,7 @@ from jobs.states import DEAD, DELIVERED, QUEUED, JobStatus
 MAX_REPORTS = 500
 MAX_ERROR_LENGTH = 1000
 REPORTABLE = (DELIVERED, DEAD, QUEUED)
-ITEM_KEYS = ["ID", "NextState", "IncrementalTimeout", "Error"]
+ITEM_KEYS = ["ID", "NextState", "IncrementalTimeout", "Error", "Backoff", "Attempted"]
 
 
 class ReportedJob(serializers.Serializer[Any]):
@@ -49,6 +49,16 @@ class ReportedJob(serializers.Serializer[Any]):
         required=False,
         max_length=MAX_ERROR_LENGTH,
         help_text="DEAD or QUEUED only: why, kept in the job's LastError",
+    )
+    Backoff = serializers.BooleanField(
+        required=False,
+        help_text="QUEUED only, true: due again after the consumer's retry delay for the attempt"
+        " it used (its RetryDelays, as a failed push delivery), instead of IncrementalTimeout",
+    )
+    Attempted = serializers.BooleanField(
+        required=False,
+        help_text="QUEUED only, false: the worker never started the job; the attempt the claim"
+        " counted is taken back (default true)",
     )
 
 
@@ -80,43 +90,50 @@ class ReportView(TokenView):
         """Report many jobs' outcomes: DELIVERED, DEAD, or QUEUED (given back)."""
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
         results = report_pull_outcomes(consumer, parse_reports(request.body))
-        return Response({"Result": [_answer(result) for result in results]})
+        return Response({"Result": [answer(result) for result in results]})
 
 
 def parse_reports(body: bytes) -> list[OutcomeReport]:
     """The reports of a request's body, every one checked; 400 for the first problem."""
     jobs = wire_keys(json_object(body), ["Jobs"]).get("Jobs")
     if not isinstance(jobs, list) or not jobs:
-        raise _bad("Jobs must be a non-empty list.")
+        raise bad("Jobs must be a non-empty list.")
     if len(jobs) > MAX_REPORTS:
-        raise _bad(f"Jobs holds {len(jobs)} jobs; at most {MAX_REPORTS} are taken at once.")
+        raise bad(f"Jobs holds {len(jobs)} jobs; at most {MAX_REPORTS} are taken at once.")
     reports = [_report(f"Jobs[{n}]", item) for n, item in enumerate(jobs)]
     first: dict[str, int] = {}
     for n, report in enumerate(reports):
         if (earlier := first.setdefault(report.job_id, n)) != n:
-            raise _bad(f"Jobs[{n}] names the same job as Jobs[{earlier}].")
+            raise bad(f"Jobs[{n}] names the same job as Jobs[{earlier}].")
     return reports
 
 
 def _report(where: str, item: object) -> OutcomeReport:
     if not isinstance(item, dict):
-        raise _bad(f"{where} must be a JSON object.")
+        raise bad(f"{where} must be a JSON object.")
     fields = wire_keys(item, ITEM_KEYS)
     job_id, state = fields.get("ID"), fields.get("NextState")
     timeout, error = _given(fields, "IncrementalTimeout", 0), _given(fields, "Error", "")
     if not isinstance(job_id, str):
-        raise _bad(f"{where}.ID must be a string.")
+        raise bad(f"{where}.ID must be a string.")
     if state not in REPORTABLE:
-        raise _bad(f"{where}.NextState must be DELIVERED, DEAD or QUEUED (claim takes jobs).")
+        raise bad(f"{where}.NextState must be DELIVERED, DEAD or QUEUED (claim takes jobs).")
     if type(timeout) is not int or not 0 <= timeout <= MAX_INCREMENTAL_TIMEOUT:
-        raise _bad(f"{where}.IncrementalTimeout must be 0 to {MAX_INCREMENTAL_TIMEOUT} seconds.")
+        raise bad(f"{where}.IncrementalTimeout must be 0 to {MAX_INCREMENTAL_TIMEOUT} seconds.")
     if timeout and state != QUEUED:
-        raise _bad(f"{where}.IncrementalTimeout is only allowed with NextState QUEUED.")
+        raise bad(f"{where}.IncrementalTimeout is only allowed with NextState QUEUED.")
     if not isinstance(error, str) or len(error) > MAX_ERROR_LENGTH:
-        raise _bad(f"{where}.Error must be a string of at most {MAX_ERROR_LENGTH} characters.")
+        raise bad(f"{where}.Error must be a string of at most {MAX_ERROR_LENGTH} characters.")
     if error and state == DELIVERED:
-        raise _bad(f"{where}.Error is only allowed with NextState DEAD or QUEUED.")
-    return OutcomeReport(job_id, JobStatus(state), timeout, error)
+        raise bad(f"{where}.Error is only allowed with NextState DEAD or QUEUED.")
+    backoff, attempted = _given(fields, "Backoff", False), _given(fields, "Attempted", True)
+    if not isinstance(backoff, bool) or not isinstance(attempted, bool):
+        raise bad(f"{where}.Backoff and {where}.Attempted must be true or false.")
+    if (backoff or not attempted) and state != QUEUED:
+        raise bad(f"{where}: Backoff and Attempted false are only allowed with NextState QUEUED.")
+    if backoff and (timeout or not attempted):
+        raise bad(f"{where}.Backoff excludes IncrementalTimeout and Attempted false.")
+    return OutcomeReport(job_id, JobStatus(state), timeout, error, backoff, attempted)
 
 
 def _given(fields: dict[str, Any], name: str, default: object) -> Any:
@@ -125,7 +142,7 @@ def _given(fields: dict[str, Any], name: str, default: object) -> Any:
     return default if value is None else value
 
 
-def _answer(result: ReportResult) -> dict[str, object]:
+def answer(result: ReportResult) -> dict[str, object]:
     """A job's result as `POST …/job/{j}` would answer it."""
     answer: dict[str, object] = {"ID": result.job_id}
     if result.state is None:
@@ -137,5 +154,5 @@ def _answer(result: ReportResult) -> dict[str, object]:
     return answer
 
 
-def _bad(problem: str) -> ApiError:
+def bad(problem: str) -> ApiError:
     return ApiError(status.HTTP_400_BAD_REQUEST, problem)

@@ -7,7 +7,7 @@ them, and of the rules those follow (jobs/queue/rules.py).
 - claims: `claim_for_push` (dispatchers), `claim_for_pull` and `take_for_pull` (pull consumers);
 - outcomes: `record_outcomes` (push attempts), `release_unsent` (claimed, never sent),
   `acknowledge_pull_job` and `report_pull_outcomes` (a pull consumer's reports on one job, and
-  on many at once);
+  on many at once), `extend_leases` (a pull worker still busy with the jobs it holds);
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
 - wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
 
@@ -37,7 +37,7 @@ from jobs.queue import outcomes as outcomes_module
 from jobs.queue.expiry import expire_old_jobs, restart_age
 from jobs.queue.leases import sweep_expired_leases, take_for_pull, with_readable_payloads
 from jobs.queue.outcomes import release_unsent
-from jobs.queue.reports import PULL_FAILED, held_report, report_pull_outcomes
+from jobs.queue.reports import PULL_FAILED, extend_leases, held_report, report_pull_outcomes
 from jobs.queue.rules import lease_expiry
 from jobs.queue.types import (
     ClaimedJob,
@@ -75,6 +75,7 @@ __all__ = [
     "claim_for_pull",
     "claim_for_push",
     "expire_old_jobs",
+    "extend_leases",
     "insert_message",
     "insert_messages",
     "listen_for_jobs",

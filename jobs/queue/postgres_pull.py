@@ -73,8 +73,16 @@ def apply_pull_moves(moves: Sequence[PullMove], now: datetime) -> int:
                 "targets": [move.target.value for move in moves],
                 "reasons": [move.reason for move in moves],
                 "due": [move.due_at for move in moves],
+                "refunds": [move.refund for move in moves],
                 "now": now,
             },
         )
         moved: int = cursor.rowcount
     return moved
+
+
+def extend_leases(keys: list[int], untils: list[datetime]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(statement("extend_leases"), {"keys": keys, "untils": untils})
+        extended: int = cursor.rowcount
+    return extended

@@ -26,7 +26,7 @@ from jobs.models import job_public_id
 from jobs.outcome_log import PullReport
 from jobs.queue import postgres_pull
 from jobs.queue.types import HeldRow, OutcomeReport, PullMove, ReportResult
-from jobs.retry import Verdict
+from jobs.retry import Verdict, retry_delay
 from jobs.states import (
     DEAD,
     DELIVERED,
@@ -39,6 +39,7 @@ from jobs.states import (
 
 PULL_FAILED = "reported failed by the pull consumer"
 PULL_GAVE_BACK = "given back by the pull consumer"
+PULL_DEFERRED = "given back unstarted by the pull consumer"
 VERDICTS = {DELIVERED: Verdict.DELIVERED, DEAD: Verdict.DEAD, QUEUED: Verdict.RETRY}
 
 
@@ -59,6 +60,7 @@ class _Move:
     target: JobStatus
     reason: str = ""
     due_at: datetime | None = None
+    refund: bool = False
 
 
 def report_pull_outcomes(
@@ -74,7 +76,6 @@ def report_pull_outcomes(
     for report in reports:
         check_transition(INFLIGHT, report.next_state)  # DELIVERED, DEAD or QUEUED
     now = now or timezone.now()
-    max_attempts = consumer.max_attempts
     results: list[ReportResult] = []
     moves: list[_Move] = []
     with transaction.atomic():
@@ -84,13 +85,37 @@ def report_pull_outcomes(
             if job is None or job.status != INFLIGHT:
                 results.append(_unmoved(report, job))
                 continue
-            move = _move(job, report, max_attempts, now)
+            move = _move(job, report, consumer, now)
             job.status = move.target  # a later report on the job sees where this one left it
             moves.append(move)
             results.append(ReportResult(report.job_id, move.target))
         _apply(moves, now)
     for move in moves:
         move.job.report.log(VERDICTS[move.target], move.reason, move.due_at)
+    return results
+
+
+def extend_leases(consumer: Consumer, leases: Sequence[tuple[str, datetime]]) -> list[ReportResult]:
+    """Each (job ID, new end of its lease) the consumer asks for: the job's lease ends then if it
+    is still INFLIGHT (a lease that ran out and was not swept yet included). A result per lease,
+    in their order: INFLIGHT when extended, the job's state with why not, or None for a job
+    that is not the consumer's."""
+    results: list[ReportResult] = []
+    extended: dict[int, datetime] = {}
+    with transaction.atomic():
+        jobs = _locked(consumer, [job_id for job_id, _ in leases])
+        for job_id, until in leases:
+            job = jobs.get(job_id)
+            if job is not None and job.status == INFLIGHT:
+                extended[job.pk] = until
+                results.append(ReportResult(job_id, INFLIGHT))
+            elif job is None:
+                results.append(ReportResult(job_id, None))
+            else:
+                why = f"The job is {job.status}: its lease ran out before it was extended."
+                results.append(ReportResult(job_id, JobStatus(job.status), why))
+        if extended:
+            postgres_pull.extend_leases(list(extended), list(extended.values()))
     return results
 
 
@@ -124,24 +149,31 @@ def _unmoved(report: OutcomeReport, job: _Held | None) -> ReportResult:
     return ReportResult(report.job_id, state, str(ForbiddenTransition(state, report.next_state)))
 
 
-def _move(job: _Held, report: OutcomeReport, max_attempts: int, now: datetime) -> _Move:
+def _move(job: _Held, report: OutcomeReport, consumer: Consumer, now: datetime) -> _Move:
     """Where an INFLIGHT job goes: a job given back with no attempt left is DEAD, as when its
-    lease expires (jobs/queue/leases.py)."""
+    lease expires (jobs/queue/leases.py); one given back unstarted keeps the attempt it was
+    charged, so it never dies of it; `backoff` waits as the consumer's retry schedule says."""
     said = f": {report.error}" if report.error else ""
     if report.next_state == DELIVERED:
         return _Move(job, DELIVERED)
     if report.next_state == DEAD:
         return _Move(job, DEAD, PULL_FAILED + said)
-    if job.report.attempt >= max_attempts:
+    due_at = now + timedelta(seconds=report.delay_seconds)
+    if not report.attempted:
+        return _Move(job, QUEUED, PULL_DEFERRED + said, due_at, refund=True)
+    delay = retry_delay(consumer, job.report.attempt)
+    if delay is None:  # every attempt used: len(retry delays) + 1
         return _Move(job, DEAD, f"{PULL_GAVE_BACK}{said}; no attempts left")
-    return _Move(job, QUEUED, PULL_GAVE_BACK + said, now + timedelta(seconds=report.delay_seconds))
+    if report.backoff:
+        due_at = now + timedelta(seconds=delay)
+    return _Move(job, QUEUED, PULL_GAVE_BACK + said, due_at)
 
 
 def _apply(moves: list[_Move], now: datetime) -> None:
     """Every move in one conditional UPDATE."""
     for target in {move.target for move in moves}:
         check_transition(INFLIGHT, target)
-    pull_moves = [PullMove(m.job.pk, m.target, m.reason, m.due_at) for m in moves]
+    pull_moves = [PullMove(m.job.pk, m.target, m.reason, m.due_at, m.refund) for m in moves]
     moved = postgres_pull.apply_pull_moves(pull_moves, now) if moves else 0
     if moved != len(moves):  # the lock rules it out; never log or answer a move not made
         raise RuntimeError(f"{len(moves) - moved} locked INFLIGHT jobs did not move")

@@ -182,6 +182,10 @@ class OutcomeReport:
     next_state: JobStatus
     delay_seconds: int = 0
     error: str = ""
+    # QUEUED only: due after the consumer's retry schedule instead of `delay_seconds`.
+    backoff: bool = False
+    # QUEUED only, False: the worker never started the job; the claim's attempt is given back.
+    attempted: bool = True
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,7 @@ class PullMove:
     target: JobStatus
     reason: str = ""
     due_at: datetime | None = None
+    refund: bool = False  # the attempt the claim counted is taken back (never started)
 
 
 class NewMessage(NamedTuple):

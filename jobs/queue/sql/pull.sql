@@ -68,10 +68,18 @@ FOR UPDATE OF job
 
 -- name: apply_pull_moves
 -- A report's moves, whatever their targets, in one conditional UPDATE: each job's own state, last
--- error and (QUEUED) due time; jobs no longer INFLIGHT are left alone and not counted.
+-- error and (QUEUED) due time, and the claim's attempt taken back for a job given back unstarted;
+-- jobs no longer INFLIGHT are left alone and not counted.
 UPDATE jobs_job job
 SET status = move.target, status_changed_at = %(now)s, lease_expires_at = NULL,
-    last_error = move.reason, next_attempt_at = coalesce(move.due_at, job.next_attempt_at)
+    last_error = move.reason, next_attempt_at = coalesce(move.due_at, job.next_attempt_at),
+    attempts = CASE WHEN move.refund THEN greatest(job.attempts - 1, 0) ELSE job.attempts END
 FROM unnest(%(keys)s::bigint[], %(targets)s::text[], %(reasons)s::text[],
-    %(due)s::timestamptz[]) AS move(id, target, reason, due_at)
+    %(due)s::timestamptz[], %(refunds)s::boolean[]) AS move(id, target, reason, due_at, refund)
 WHERE job.id = move.id AND job.status = 'INFLIGHT'
+
+-- name: extend_leases
+-- A pull worker still busy with jobs it holds: each INFLIGHT job's lease ends at its own time now.
+UPDATE jobs_job job SET lease_expires_at = lease.until
+FROM unnest(%(keys)s::bigint[], %(untils)s::timestamptz[]) AS lease(id, until)
+WHERE job.id = lease.id AND job.status = 'INFLIGHT'
