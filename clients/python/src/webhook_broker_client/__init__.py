@@ -12,17 +12,24 @@ from webhook_broker_client.errors import (
     ServerError,
     Unauthorized,
 )
+from webhook_broker_client.outcomes import Defer, Job, Reject, Retry
+from webhook_broker_client.worker import Worker
 
 __all__ = [
     "BadRequest",
     "BrokerError",
     "BrokerUnavailable",
     "Conflict",
+    "Defer",
+    "Job",
     "NotFound",
     "PreconditionFailed",
     "RateLimited",
+    "Reject",
+    "Retry",
     "RetryPolicy",
     "ServerError",
     "Unauthorized",
+    "Worker",
     "__version__",
 ]
