@@ -27,6 +27,7 @@ class PullConsumer:
     def worker(self, url: str | None = None, **options: Any) -> Worker:
         """A Worker for this consumer, through `url` (a proxy) or straight to the broker."""
         base = url or self.broker.url
+        options.setdefault("wait_seconds", 1)  # a stop waits for a claim under way: keep it short
         return Worker(base, self.channel, self.consumer, TOKEN, TOKEN, **options)
 
     def publish(self, count: int, prefix: str = "m") -> list[str]:
@@ -54,6 +55,10 @@ class PullConsumer:
 
     def jobs(self, message_ids: list[str]) -> dict[str, dict[str, Any]]:
         return {message_id: self.job(message_id) for message_id in message_ids}
+
+    def all_delivered(self, message_ids: list[str]) -> bool:
+        """Whether every message's job is DELIVERED (asks until the first that is not)."""
+        return all(self.job(message_id)["Status"] == "DELIVERED" for message_id in message_ids)
 
 
 def admin(broker: Broker) -> HttpClient:

@@ -1,10 +1,11 @@
 """A tiny HTTP proxy on 127.0.0.1 that forwards every request to the broker and counts them by
 the last part of their path (`claim`, `report`, `extend`), so a test can see what the worker
-sent on the wire."""
+sent on the wire. Claims that returned no job are also counted as `claim:empty`."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import threading
 import urllib.parse
 from collections import Counter
@@ -40,14 +41,21 @@ class RecordingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                with proxy.lock:
-                    proxy.counts[self.path.rstrip("/").rsplit("/", 1)[-1]] += 1
+                what = self.path.rstrip("/").rsplit("/", 1)[-1]
                 upstream = http.client.HTTPConnection(proxy.target_host, proxy.target_port, 60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 upstream.request(self.command, self.path, body, headers)
                 answer = upstream.getresponse()
                 content = answer.read()
                 upstream.close()
+                with proxy.lock:
+                    proxy.counts[what] += 1
+                    if (
+                        what == "claim"
+                        and answer.status == 200
+                        and not json.loads(content)["Result"]
+                    ):
+                        proxy.counts["claim:empty"] += 1
                 self.send_response(answer.status)
                 for name, value in answer.getheaders():
                     if name.lower() not in _HOP_BY_HOP:
