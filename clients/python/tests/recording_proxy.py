@@ -1,6 +1,7 @@
 """A tiny HTTP proxy on 127.0.0.1 that forwards every request to the broker and counts them by
 the last part of their path (`claim`, `report`, `extend`), so a test can see what the worker
-sent on the wire. Claims that returned no job are also counted as `claim:empty`."""
+sent on the wire. Claims that returned no job are also counted as `claim:empty`. Setting `down`
+makes it answer 503 to everything meanwhile (counted as `claim:refused`, ...)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class RecordingProxy:
         self.target_host, self.target_port = parts.hostname or "127.0.0.1", parts.port or 80
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
+        self.down = False  # while True: every request is answered 503, as by a broker restarting
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -42,6 +44,13 @@ class RecordingProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 what = self.path.rstrip("/").rsplit("/", 1)[-1]
+                if proxy.down:
+                    with proxy.lock:
+                        proxy.counts[f"{what}:refused"] += 1
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 upstream = http.client.HTTPConnection(proxy.target_host, proxy.target_port, 60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 upstream.request(self.command, self.path, body, headers)

@@ -10,7 +10,7 @@ from collections import Counter
 from tests.conftest import Broker
 from tests.pull_setup import eventually, pull_consumer, running
 from tests.recording_proxy import recording_proxy
-from webhook_broker_client import Job
+from webhook_broker_client import Job, RetryPolicy
 
 
 def test_a_backlog_costs_a_claim_and_a_report_per_batch(broker: Broker) -> None:
@@ -74,3 +74,23 @@ def test_a_job_longer_than_its_lease_is_kept_and_handed_out_once(broker: Broker)
     assert len(calls) == 1
     assert pull.job(message_id)["Attempts"] == 1
     assert extensions >= 2
+
+
+def test_the_worker_outlives_a_broker_that_fails_for_a_while(broker: Broker) -> None:
+    pull = pull_consumer(broker)
+    message_ids = pull.publish(3)
+    quick = RetryPolicy(attempts=2, initial_delay=0.05, max_delay=0.1)
+    handled: list[str] = []
+    with recording_proxy(broker.url) as proxy:
+
+        def handler(job: Job) -> None:
+            handled.append(job.message_id)
+            proxy.down = True  # the broker goes away before the outcome is reported
+
+        with running(pull.worker(proxy.url, concurrency=1, prefetch=2, retry=quick), handler):
+            eventually(lambda: proxy.count("report:refused") >= 2, what="reports refused")
+            eventually(lambda: proxy.count("claim:refused") >= 2, what="claims refused")
+            proxy.down = False
+            eventually(lambda: pull.all_delivered(message_ids))
+    assert sorted(handled) == message_ids
+    assert {job["Attempts"] for job in pull.jobs(message_ids).values()} == {1}
