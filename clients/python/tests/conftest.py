@@ -17,6 +17,8 @@ from types import ModuleType
 
 import pytest
 
+from webhook_broker_client._http import HttpClient
+
 CLIENTS_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -50,3 +52,29 @@ def broker() -> Iterator[Broker]:
 def unique(prefix: str) -> str:
     """An ID no other test uses, so tests can share one broker (and run against a used one)."""
     return f"{prefix}-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class Publisher:
+    """A channel and a producer made for one test, with their tokens."""
+
+    channel_id: str
+    channel_token: str
+    producer_id: str
+    producer_token: str
+
+
+def admin_http(broker: Broker) -> HttpClient:
+    """The HTTP layer with the admin token, for the tests' own setup and checks."""
+    return HttpClient(broker.url, headers={"Authorization": f"Bearer {broker.admin_token}"})
+
+
+@pytest.fixture
+def publisher(broker: Broker) -> Publisher:
+    channel_id, producer_id = unique("ch"), unique("pr")
+    with admin_http(broker) as http:
+        channel = http.request("PUT", f"/channel/{channel_id}", data={"name": channel_id}).json()
+        producer = http.request(
+            "PUT", f"/producer/{producer_id}", data={"name": producer_id}
+        ).json()
+    return Publisher(channel_id, channel["Token"], producer_id, producer["Token"])

@@ -1,6 +1,8 @@
-"""Python clients for the webhook broker (docs/clients.md, clients/python/README.md)."""
+"""Python clients for the webhook broker; clients/python/README.md shows how to use them."""
 
 from webhook_broker_client._http import RetryPolicy, __version__
+from webhook_broker_client._messages import BatchMessage
+from webhook_broker_client.admin import Admin
 from webhook_broker_client.errors import (
     BadRequest,
     BrokerError,
@@ -13,23 +15,38 @@ from webhook_broker_client.errors import (
     Unauthorized,
 )
 from webhook_broker_client.outcomes import Defer, Job, Reject, Retry
+from webhook_broker_client.producer import AsyncProducer, Producer
+from webhook_broker_client.signatures import (
+    InvalidSignature,
+    TimestampOutOfTolerance,
+    WebhookVerificationError,
+    verify,
+)
 from webhook_broker_client.worker import Worker
 
 __all__ = [
+    "Admin",
+    "AsyncProducer",
     "BadRequest",
+    "BatchMessage",
     "BrokerError",
     "BrokerUnavailable",
     "Conflict",
     "Defer",
+    "InvalidSignature",
     "Job",
     "NotFound",
     "PreconditionFailed",
+    "Producer",
     "RateLimited",
     "Reject",
     "Retry",
     "RetryPolicy",
     "ServerError",
+    "TimestampOutOfTolerance",
     "Unauthorized",
+    "WebhookVerificationError",
     "Worker",
     "__version__",
+    "verify",
 ]
