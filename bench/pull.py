@@ -28,7 +28,12 @@ root:
     .venv/bin/python bench/pull.py                           # this checkout alone
     .venv/bin/python bench/pull.py --before /tmp/before --server sync:5  # and the older tree
     # (sync:5: a tree older than issue 36 has no broker/gunicorn_conf.py for `documented`)
+    .venv/bin/python bench/pull.py --worker                  # and the Python client's Worker
     .venv/bin/python bench/pull.py --help
+
+`--worker` adds a phase to each round: the Python client's Worker drains as many jobs as the
+batch phase with a handler that does nothing (bench/pull_client_worker.py), and a TARGET line
+compares its jobs/s with the raw batch API's in the same run.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from dispatch_harness import (
     stop_process,
 )
 from ingest import DEFAULT_SERVER, ServerConfig, free_port, wait_until_serving
+from pull_client_worker import run_worker_phase, worker_verdict
 
 DATABASE = "bench_pull"
 CHANNEL_TOKEN = "bench-channel-token"  # noqa: S105 (a throwaway database's credentials)
@@ -349,7 +355,7 @@ def prepare(rounds: int) -> None:
     producer = Producer(id=PRODUCER, name="Bench producer")
     producer.set_token(PRODUCER_TOKEN)
     producer.save()
-    kinds = ("per-job", "batch", "before-per-job")
+    kinds = ("per-job", "batch", "before-per-job", "worker")
     phases = ["warm-up", "before-warm-up", *(f"{k}-{n}" for n in range(rounds) for k in kinds)]
     singles = [f"{tree}singles-{n}" for n in range(rounds) for tree in ("", "before-")]
     for channel_id, consumers in ((CHANNEL, phases), (LATENCY_CHANNEL, singles)):
@@ -389,6 +395,7 @@ class Round:
     singles: Singles
     before_per_job: Phase | None = None  # with --before: the older checkout's
     before_singles: Singles | None = None
+    worker: Phase | None = None  # with --worker: the Python client's Worker
 
 
 def one_round(
@@ -406,8 +413,14 @@ def one_round(
     run_phase(bench, per_job, f"per-job-{n}", False, *current)
     batch = Phase("batch (claim + POST …/report)", args.jobs)
     run_phase(bench, batch, f"batch-{n}", True, *current)
+    worker = None
+    if args.worker:
+        shape = f"concurrency {args.worker_concurrency}, prefetch {args.worker_prefetch}"
+        worker = Phase(f"worker (the Python client's Worker, {shape})", args.jobs)
+        tokens = (CHANNEL_TOKEN, CONSUMER_TOKEN)
+        run_worker_phase(bench, worker, f"worker-{n}", tokens, *current)
     now = singles(bench, *current, f"singles-{n}", args.samples)
-    return Round(per_job, batch, now, before_per_job, before_singles)
+    return Round(per_job, batch, now, before_per_job, before_singles, worker)
 
 
 def parse_arguments() -> argparse.Namespace:
@@ -426,6 +439,14 @@ def parse_arguments() -> argparse.Namespace:
         help="an older checkout (`git archive REV | tar -x -C DIR`): its per-job path and single"
         " acknowledgement are measured too, on its own gunicorn, same database, same rounds",
     )
+    add(
+        "--worker",
+        action="store_true",
+        help="also time the Python client's Worker (clients/python) on as many jobs as the batch"
+        " phase, against the raw batch API's rate",
+    )
+    add("--worker-concurrency", type=int, default=1, help="the Worker's handler threads")
+    add("--worker-prefetch", type=int, default=49, help="jobs the Worker holds beyond them")
     return parser.parse_args()
 
 
@@ -490,6 +511,10 @@ def verdicts(rounds: list[Round]) -> None:
         ratio = median(r.batch.rate / r.before_per_job.rate for r in rounds if r.before_per_job)
         today = "the older checkout's per-job path"
     verified = all(r.per_job.verified and r.batch.verified for r in rounds)
+    if all(r.worker for r in rounds):
+        workers = [r.worker for r in rounds if r.worker]
+        verified = verified and all(w.verified for w in workers)
+        worker_verdict([r.batch.rate for r in rounds], [w.rate for w in workers], verified)
     for met, target, figure in [
         (batch >= TARGET_RATE and verified, f">= {TARGET_RATE:,} jobs/s acknowledged",
          f"{batch:,.0f} jobs/s"),

@@ -14,6 +14,7 @@ from webhook_broker_client.errors import (
     ServerError,
     Unauthorized,
 )
+from webhook_broker_client.outcomes import Defer, Job, Reject, Retry
 from webhook_broker_client.producer import AsyncProducer, Producer
 from webhook_broker_client.signatures import (
     InvalidSignature,
@@ -21,6 +22,7 @@ from webhook_broker_client.signatures import (
     WebhookVerificationError,
     verify,
 )
+from webhook_broker_client.worker import Worker
 
 __all__ = [
     "Admin",
@@ -30,16 +32,21 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailable",
     "Conflict",
+    "Defer",
     "InvalidSignature",
+    "Job",
     "NotFound",
     "PreconditionFailed",
     "Producer",
     "RateLimited",
+    "Reject",
+    "Retry",
     "RetryPolicy",
     "ServerError",
     "TimestampOutOfTolerance",
     "Unauthorized",
     "WebhookVerificationError",
+    "Worker",
     "__version__",
     "verify",
 ]

@@ -1,0 +1,358 @@
+"""The pull worker: claims jobs in batches, runs a handler on each, reports outcomes in batches.
+
+    worker = Worker(url, "orders", "erp", channel_token, consumer_token, concurrency=4, prefetch=46)
+    worker.run(handle)          # blocks until worker.stop(), SIGTERM or SIGINT
+
+One loop (the thread that calls `run`) claims up to `concurrency + prefetch` jobs, minus those it
+holds, whenever no claimed job is left waiting; `concurrency` handler threads take the jobs one
+by one; the loop reports their outcomes together, before each claim, once everything it holds is
+done, or when the oldest outcome has waited `flush_seconds`. A batch of quick jobs thus costs two
+requests (a claim, a report) whatever its size. A thread of its own extends the leases of the
+jobs held (_lease_keeper.py). The handler's outcomes: outcomes.py. The README's "Pull worker"
+section says all of it for users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+from webhook_broker_client._held_jobs import (
+    LOG,
+    MAX_BATCH,
+    Handler,
+    HeldJobs,
+    start_handler_threads,
+)
+from webhook_broker_client._http import HttpClient, RetryPolicy, is_transient
+from webhook_broker_client._lease_keeper import LeaseKeeper
+from webhook_broker_client.errors import BrokerError
+from webhook_broker_client.outcomes import dead, given_back_unstarted, job_from_claim
+
+DEFAULT_LEASE_SECONDS = 60
+MAX_CLAIM = 100  # the broker's largest `limit`
+# While handlers run, a claim that finds nothing waits at most this long, so that the outcomes
+# they produce meanwhile are not held back longer.
+BUSY_WAIT_SECONDS = 1.0
+# How long the worker waits before trying a broker that failed again, at first and at most.
+FIRST_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 0.5, 30.0
+
+
+class Worker:
+    """A pull consumer's worker. Options:
+
+    - `concurrency`: handlers running at once (threads); `prefetch`: jobs held beyond those,
+      claimed ahead so the handlers never wait for a claim. A claim takes up to
+      `concurrency + prefetch` jobs (at most 100).
+    - `lease_seconds`: how long each claimed job is leased (an integer, at least 2); the worker
+      extends the lease of every job it holds when half of it is left, so a handler may run
+      longer than the lease. When not given: `incremental_timeout` (webhook-broker's name for
+      how long a job may stay in flight) if given, else 60.
+    - `grace_seconds`: on stop, how long handlers in progress may take to finish (30).
+    - `wait_seconds`: how long an idle worker's claim waits for jobs (the long poll; the broker
+      waits 20 s at most); also the longest a stop waits for a claim under way (5).
+    - `flush_seconds`: the longest an outcome waits for the next report (1).
+    - `retry`: the HTTP retry rule of each request (`RetryPolicy`); beyond it, the worker keeps
+      trying, backing off up to 30 s, until it is stopped: a broker restart never ends it.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        channel_id: str,
+        consumer_id: str,
+        channel_token: str,
+        consumer_token: str,
+        *,
+        concurrency: int = 1,
+        prefetch: int = 0,
+        incremental_timeout: int | None = None,
+        lease_seconds: int | None = None,
+        grace_seconds: float = 30.0,
+        wait_seconds: float = 5.0,
+        flush_seconds: float = 1.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if concurrency < 1 or prefetch < 0:
+            raise ValueError("concurrency must be at least 1 and prefetch at least 0")
+        lease = lease_seconds or incremental_timeout or DEFAULT_LEASE_SECONDS
+        if not 2 <= lease <= 86400:
+            raise ValueError(f"the lease must be from 2 to 86400 s, not {lease}")
+        self.base_url = base_url
+        self.path = f"/channel/{channel_id}/consumer/{consumer_id}"
+        self.tokens = {
+            "X-Broker-Channel-Token": channel_token,
+            "X-Broker-Consumer-Token": consumer_token,
+        }
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.lease_seconds = int(lease)
+        self.grace_seconds = grace_seconds
+        self.wait_seconds = wait_seconds
+        self.flush_seconds = flush_seconds
+        self.retry = retry
+        self._stop = threading.Event()
+        self._held: HeldJobs | None = None
+
+    def run(self, handler: Handler) -> None:
+        """Handle jobs until stopped; returns once handlers finished and outcomes are reported.
+
+        Raises a BrokerError only for a refusal that trying again cannot fix (wrong tokens, an
+        unknown channel or consumer, not a pull consumer), after stopping as on `stop()`.
+        """
+        self._held = held = HeldJobs(self.concurrency, self.prefetch)
+        timeout = self.wait_seconds + 30  # a long poll is not a timeout
+        http = HttpClient(self.base_url, headers=self.tokens, timeout=timeout, retry=self.retry)
+        try:
+            with http, _stopped_by_signals(self.stop):
+                _Loop(self, http, held).run(handler)
+        finally:
+            self._stop.clear()
+            self._held = None
+
+    def stop(self) -> None:
+        """Stop claiming and wind down (safe from any thread, and from a signal handler)."""
+        self._stop.set()
+        held = self._held
+        if held is not None:
+            with held.changed:
+                held.changed.notify_all()
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT stop the worker while it runs in the main thread (signals can only be
+    handled there); the previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(number: int, frame: FrameType | None) -> None:
+        LOG.info("%s received: stopping", signal.Signals(number).name)
+        stop()
+
+    previous = {number: signal.signal(number, on_signal) for number in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class _Backoff:
+    """Growing waits between tries of a broker that keeps failing, reset by a success."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        self.failures += 1
+        ceiling = min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** (self.failures - 1))
+        return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not a secret
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class _Loop:
+    """One run of a worker: the claims, the reports, and the stop."""
+
+    def __init__(self, worker: Worker, http: HttpClient, held: HeldJobs) -> None:
+        self.worker = worker
+        self.http = http
+        self.held = held
+        self.stop_requested = worker._stop
+        self.claim_not_before = 0.0
+        self.flush_not_before = 0.0
+        self.claim_backoff = _Backoff()
+        self.flush_backoff = _Backoff()
+
+    def run(self, handler: Handler) -> None:
+        keeper = LeaseKeeper(self.http, self.worker.path, self.held, self.worker.lease_seconds)
+        start_handler_threads(self.held, handler)
+        keeper.start()
+        failure: BrokerError | None = None
+        try:
+            while not self.stop_requested.is_set():
+                self._round()
+        except BrokerError as error:
+            LOG.error("stopping: the broker refused the worker (%s)", error)
+            failure = error
+        try:
+            self._wind_down()
+        finally:
+            keeper.stop()
+        if failure is not None:
+            raise failure
+
+    # --- a round of the loop ----------------------------------------------------------------
+
+    def _round(self) -> None:
+        """Claim, report, or wait until one of them is due (or the worker stops)."""
+        held = self.held
+        with held.changed:
+            if self.stop_requested.is_set():
+                return
+            now = time.monotonic()
+            limit = self._claim_limit(now)
+            flush = bool(held.pending) and now >= self.flush_not_before
+            flush = flush and (limit > 0 or self._flush_due(now))
+            if not limit and not flush:
+                held.changed.wait(self._sleep(now))
+                return
+        if flush and not self._flush():
+            return  # the broker failed: no claim either, until it answers again
+        if limit:
+            self._claim(limit)
+
+    def _claim_limit(self, now: float) -> int:
+        """How many jobs to claim now: none while jobs wait for a handler (the low-water mark is
+        an empty waiting line) or while a Retry-After or a backoff runs."""
+        if now < self.claim_not_before or self.held.waiting:
+            return 0
+        return max(0, min(MAX_CLAIM, self.held.room()))
+
+    def _flush_due(self, now: float) -> bool:
+        held = self.held
+        return (
+            (not held.waiting and not held.running)
+            or len(held.pending) >= MAX_BATCH
+            or now - held.pending_since >= self.worker.flush_seconds
+        )
+
+    def _sleep(self, now: float) -> float:
+        """Until the next report or claim falls due; woken earlier by the handler threads."""
+        moments = [now + 1.0]  # an upper bound: a missed wake-up costs a second, never a hang
+        if self.held.pending:
+            flush_at = self.held.pending_since + self.worker.flush_seconds
+            moments.append(max(flush_at, self.flush_not_before))
+        if not self.held.waiting and self.held.room() > 0:
+            moments.append(self.claim_not_before)
+        return max(0.0, min(moments) - now)
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def _claim(self, limit: int) -> None:
+        held = self.held
+        idle = not held.running and not held.pending
+        wait = self.worker.wait_seconds
+        if not idle:
+            wait = min(BUSY_WAIT_SECONDS, wait)
+        body = {"limit": limit, "timeout": self.worker.lease_seconds, "wait": wait}
+        asked_at = time.monotonic()
+        try:
+            answer = self.http.request("POST", f"{self.worker.path}/claim", json=body, retry=True)
+        except BrokerError as error:
+            if not is_transient(error):
+                raise
+            delay = self.claim_backoff.next_delay()
+            LOG.warning("claim failed (%s); trying again in %.1f s", error, delay)
+            self.claim_not_before = time.monotonic() + delay
+            return
+        self.claim_backoff.reset()
+        entries: list[dict[str, Any]] = answer.json()["Result"]
+        jobs = []
+        for entry in entries:
+            job = job_from_claim(entry)
+            if job is None:  # its payload is gone: nothing a handler could do with it
+                held.add_outcome(dead(entry["ID"], "payload-missing"))
+            else:
+                jobs.append(job)
+        held.add_claimed(jobs, asked_at + self.worker.lease_seconds)
+        retry_after = answer.headers.get("Retry-After")
+        if not entries and retry_after is not None:  # no waiting place was free
+            with contextlib.suppress(ValueError):
+                self.claim_not_before = time.monotonic() + float(retry_after)
+
+    def _flush(self) -> bool:
+        """Report the pending outcomes; False when the broker could not be reached."""
+        items = self.held.take_outcomes()
+        if not items:
+            return True
+        path = f"{self.worker.path}/report"
+        try:
+            answer = self.http.request("POST", path, json={"Jobs": items}, retry=True)
+        except BrokerError as error:
+            if is_transient(error):
+                self.held.put_back_outcomes(items)
+                delay = self.flush_backoff.next_delay()
+                LOG.warning("report failed (%s); trying again in %.1f s", error, delay)
+                self.flush_not_before = time.monotonic() + delay
+                return False
+            LOG.error(
+                "the broker refused a report of %d outcomes (%s); their jobs come back when"
+                " their leases end: %s",
+                len(items),
+                error,
+                ", ".join(item["ID"] for item in items),
+            )
+        else:
+            self.flush_backoff.reset()
+            _log_results(items, answer.json().get("Result", []))
+        self.held.release(item["ID"] for item in items)
+        return True
+
+    # --- the stop -----------------------------------------------------------------------------
+
+    def _wind_down(self) -> None:
+        """Give back what did not start, let what runs finish within the grace, report it all."""
+        held = self.held
+        unstarted = held.begin_stop()
+        for job in unstarted:
+            held.add_outcome(given_back_unstarted(job.id))
+        LOG.info(
+            "stopping: %d jobs given back unstarted, %d handlers finishing",
+            len(unstarted),
+            len(held.running),
+        )
+        deadline = time.monotonic() + self.worker.grace_seconds
+        while (held.running or held.pending) and time.monotonic() < deadline:
+            if held.pending and time.monotonic() >= self.flush_not_before:
+                self._flush()
+                continue
+            with held.changed:
+                until = self.flush_not_before if held.pending else time.monotonic() + 1.0
+                held.changed.wait(max(0.0, min(deadline, until) - time.monotonic()))
+        if held.pending:  # a handler finished at the deadline, or the broker was failing
+            self.flush_not_before = 0.0
+            self._flush()
+        if held.running:
+            LOG.warning(
+                "stopped with handlers still running after the %s s grace; their jobs come back"
+                " when their leases end: %s",
+                self.worker.grace_seconds,
+                ", ".join(held.running),
+            )
+        if held.pending:
+            LOG.error(
+                "stopped without reporting %d outcomes (the broker did not answer); their jobs"
+                " come back when their leases end: %s",
+                len(held.pending),
+                ", ".join(item["ID"] for item in held.pending),
+            )
+
+
+def _log_results(items: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
+    """Warn about the outcomes the broker could not apply; note jobs that went DEAD instead."""
+    for item, result in zip(items, results, strict=False):
+        status, state = result.get("Status"), result.get("State")
+        if status == 202:
+            if item["NextState"] == "QUEUED" and state == "DEAD":
+                LOG.info("job %s is DEAD: it has no attempts left", item["ID"])
+            continue
+        LOG.warning(
+            "job %s could not go %s: %s%s (its lease ran out? another worker may have it)",
+            item["ID"],
+            item["NextState"],
+            f"{state}, " if state else "",
+            result.get("Error") or f"HTTP {status}",
+        )
