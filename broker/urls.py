@@ -19,6 +19,7 @@ from broker.api.messages import (
 )
 from broker.api.periodic import PeriodicMessageDetailView, PeriodicMessageListView
 from broker.api.scheduled import ScheduledMessageDetailView, ScheduledMessageListView
+from broker.api.seed import SeedView
 from broker.api.stakeholders import (
     ChannelDetailView,
     ChannelListView,
@@ -97,6 +98,7 @@ urlpatterns = [
     path(f"{CONSUMER}/pause", PauseConsumerView.as_view()),
     path(f"{CONSUMER}/resume", ResumeConsumerView.as_view()),
     path(f"{CONSUMER}/circuit/close", CloseCircuitView.as_view()),
+    path("seed", SeedView.as_view()),
     path("dlq-status", DlqStatusView.as_view()),
     path("metrics", MetricsView.as_view()),
     path("job-status", JobStatusView.as_view()),
