@@ -577,6 +577,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/seed": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Create or update the channels, producers and consumers of a seed file (the body). */
+        post: operations["load_seed"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -838,6 +855,10 @@ export interface components {
             Pages: components["schemas"]["Pages"];
             /** @description resource URLs */
             Result: string[];
+        };
+        LoadedSeed: {
+            /** @description a line per resource (`channel orders: created`, `… updated`, `… unchanged`), and one per token the load generated (`consumer orders/billing: token …`), shown once */
+            Loaded: string[];
         };
         /**
          * @description `Payload` and `PayloadEncoding` ("utf-8" or "base64"): binary payloads survive JSON.
@@ -4864,6 +4885,83 @@ export interface operations {
             };
             /** @description credentials that are not an admin's */
             403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the database is unavailable; Retry-After gives the seconds to wait */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    load_seed: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "text/plain": string;
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LoadedSeed"];
+                };
+            };
+            /** @description the file's problem: nothing loaded */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no admin credentials, or an unknown admin token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description credentials that are not an admin's */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the request body is over the size the broker accepts */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a body in another media type than those listed */
+            415: {
                 headers: {
                     [name: string]: unknown;
                 };
