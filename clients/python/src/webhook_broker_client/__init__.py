@@ -16,6 +16,7 @@ from webhook_broker_client.errors import (
 )
 from webhook_broker_client.outcomes import Defer, Job, Reject, Retry
 from webhook_broker_client.producer import AsyncProducer, Producer
+from webhook_broker_client.pull_consumer import Claimed, PullConsumer
 from webhook_broker_client.signatures import (
     InvalidSignature,
     TimestampOutOfTolerance,
@@ -31,6 +32,7 @@ __all__ = [
     "BatchMessage",
     "BrokerError",
     "BrokerUnavailable",
+    "Claimed",
     "Conflict",
     "Defer",
     "InvalidSignature",
@@ -38,6 +40,7 @@ __all__ = [
     "NotFound",
     "PreconditionFailed",
     "Producer",
+    "PullConsumer",
     "RateLimited",
     "Reject",
     "Retry",

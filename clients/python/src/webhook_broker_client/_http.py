@@ -71,7 +71,7 @@ def error_from_response(response: httpx.Response) -> BrokerError:
     except ValueError:
         body = response.text
     message = _message_of(body) or response.reason_phrase or "no message"
-    return error_for_status(response.status_code, message, body, _retry_after(response))
+    return error_for_status(response.status_code, message, body, retry_after_of(response))
 
 
 def _message_of(body: Any) -> str:
@@ -83,7 +83,7 @@ def _message_of(body: Any) -> str:
     return body.strip()[:500] if isinstance(body, str) else ""
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def retry_after_of(response: httpx.Response) -> float | None:
     """Retry-After in seconds, when it is a number (the broker sends integer seconds)."""
     value = response.headers.get("Retry-After")
     try:

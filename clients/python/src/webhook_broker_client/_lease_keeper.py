@@ -14,14 +14,13 @@ import time
 from typing import Any
 
 from webhook_broker_client._held_jobs import LOG, MAX_BATCH, HeldJobs
-from webhook_broker_client._http import HttpClient
 from webhook_broker_client.errors import BrokerError
+from webhook_broker_client.pull_consumer import PullConsumer
 
 
 class LeaseKeeper:
-    def __init__(self, http: HttpClient, path: str, held: HeldJobs, lease_seconds: int) -> None:
-        self.http = http
-        self.path = f"{path}/extend"
+    def __init__(self, consumer: PullConsumer, held: HeldJobs, lease_seconds: int) -> None:
+        self.consumer = consumer
         self.held = held
         self.lease_seconds = lease_seconds
         self.done = threading.Event()
@@ -42,13 +41,11 @@ class LeaseKeeper:
 
     def _extend(self, job_ids: list[str]) -> None:
         asked_at = time.monotonic()
-        jobs = [{"ID": job_id, "Timeout": self.lease_seconds} for job_id in job_ids]
         try:
-            answer = self.http.request("POST", self.path, json={"Jobs": jobs}, retry=True)
+            results = self.consumer.extend(job_ids, self.lease_seconds)
         except BrokerError as error:
             LOG.warning("could not extend the leases of %d jobs: %s", len(job_ids), error)
             return
-        results: list[dict[str, Any]] = answer.json().get("Result", [])
         kept = [result["ID"] for result in results if result.get("Status") == 202]
         self.held.extended(kept, asked_at + self.lease_seconds)
         for result in results:

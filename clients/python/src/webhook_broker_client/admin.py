@@ -7,9 +7,8 @@ typed by models.py (the broker's own field names). Lists are iterators that foll
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Self
 
-from webhook_broker_client._admin_base import path
 from webhook_broker_client._admin_messages import MessageCalls
 from webhook_broker_client._admin_setup import SetupCalls
 from webhook_broker_client._http import DEFAULT_TIMEOUT, HttpClient, RetryPolicy
@@ -22,7 +21,9 @@ class Admin(SetupCalls, MessageCalls):
     """The management API with an admin token (BROKER_ADMIN_TOKENS, or an API key).
 
     GET, PUT and DELETE are retried on no answer, 5xx and 429 (RetryPolicy); commands (POST:
-    pause, rotate, replay, requeue) are not, since repeating one may do it twice.
+    pause, rotate, replay, requeue) are not, since repeating one may do it twice. A pull
+    consumer's claims and reports are not admin calls: PullConsumer (pull_consumer.py) makes
+    them, with the consumer's tokens.
     """
 
     def __init__(
@@ -55,47 +56,6 @@ class Admin(SetupCalls, MessageCalls):
         """`/metrics` as Prometheus text (the command line reads the dispatchers' heartbeats)."""
         return self._http.request("GET", "/metrics").text
 
-    # A pull consumer's jobs, with its two tokens (not admin calls: the broker asks for them),
-    # for the command line's `pull`; the Worker is the client for processing jobs.
-    def claim_jobs(
-        self,
-        channel_id: str,
-        consumer_id: str,
-        *,
-        channel_token: str,
-        consumer_token: str,
-        limit: int = 25,
-        timeout: int | None = None,
-        wait: int = 0,
-    ) -> list[dict[str, Any]]:
-        """Take up to `limit` queued jobs (INFLIGHT for `timeout` seconds); the `claim` answer's
-        `Result`. Retried on no answer: a claim whose answer was lost only leases jobs that
-        come back when their leases end."""
-        body: dict[str, Any] = {"limit": limit, "wait": wait}
-        if timeout is not None:
-            body["timeout"] = timeout
-        url = path("channel", channel_id, "consumer", consumer_id, "claim")
-        headers = _pull_tokens(channel_token, consumer_token)
-        answer = self._http.request("POST", url, json=body, headers=headers, retry=True)
-        result: list[dict[str, Any]] = answer.json()["Result"]
-        return result
-
-    def report_jobs(
-        self,
-        channel_id: str,
-        consumer_id: str,
-        jobs: list[dict[str, Any]],
-        *,
-        channel_token: str,
-        consumer_token: str,
-    ) -> list[dict[str, Any]]:
-        """Report jobs' outcomes (`{"ID", "NextState", ...}` each); a result per job."""
-        url = path("channel", channel_id, "consumer", consumer_id, "report")
-        headers = _pull_tokens(channel_token, consumer_token)
-        answer = self._http.request("POST", url, json={"Jobs": jobs}, headers=headers, retry=True)
-        result: list[dict[str, Any]] = answer.json()["Result"]
-        return result
-
     def close(self) -> None:
         self._http.close()
 
@@ -104,7 +64,3 @@ class Admin(SetupCalls, MessageCalls):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _pull_tokens(channel_token: str, consumer_token: str) -> dict[str, str]:
-    return {"X-Broker-Channel-Token": channel_token, "X-Broker-Consumer-Token": consumer_token}

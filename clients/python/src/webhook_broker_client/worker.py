@@ -30,10 +30,11 @@ from webhook_broker_client._held_jobs import (
     HeldJobs,
     start_handler_threads,
 )
-from webhook_broker_client._http import HttpClient, RetryPolicy, is_transient
+from webhook_broker_client._http import RetryPolicy, is_transient
 from webhook_broker_client._lease_keeper import LeaseKeeper
 from webhook_broker_client.errors import BrokerError
 from webhook_broker_client.outcomes import dead, given_back_unstarted, job_from_claim
+from webhook_broker_client.pull_consumer import PullConsumer
 
 DEFAULT_LEASE_SECONDS = 60
 MAX_CLAIM = 100  # the broker's largest `limit`
@@ -85,11 +86,9 @@ class Worker:
         if not 2 <= lease <= 86400:
             raise ValueError(f"the lease must be from 2 to 86400 s, not {lease}")
         self.base_url = base_url
-        self.path = f"/channel/{channel_id}/consumer/{consumer_id}"
-        self.tokens = {
-            "X-Broker-Channel-Token": channel_token,
-            "X-Broker-Consumer-Token": consumer_token,
-        }
+        self.channel_id = channel_id
+        self.consumer_id = consumer_id
+        self._tokens = (channel_token, consumer_token)
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.lease_seconds = int(lease)
@@ -107,11 +106,17 @@ class Worker:
         unknown channel or consumer, not a pull consumer), after stopping as on `stop()`.
         """
         self._held = held = HeldJobs(self.concurrency, self.prefetch)
-        timeout = self.wait_seconds + 30  # a long poll is not a timeout
-        http = HttpClient(self.base_url, headers=self.tokens, timeout=timeout, retry=self.retry)
+        consumer = PullConsumer(
+            self.base_url,
+            self.channel_id,
+            self.consumer_id,
+            *self._tokens,
+            timeout=self.wait_seconds + 30,  # a long poll is not a timeout
+            retry=self.retry,
+        )
         try:
-            with http, _stopped_by_signals(self.stop):
-                _Loop(self, http, held).run(handler)
+            with consumer, _stopped_by_signals(self.stop):
+                _Loop(self, consumer, held).run(handler)
         finally:
             self._stop.clear()
             self._held = None
@@ -166,9 +171,9 @@ class _Backoff:
 class _Loop:
     """One run of a worker: the claims, the reports, and the stop."""
 
-    def __init__(self, worker: Worker, http: HttpClient, held: HeldJobs) -> None:
+    def __init__(self, worker: Worker, consumer: PullConsumer, held: HeldJobs) -> None:
         self.worker = worker
-        self.http = http
+        self.consumer = consumer
         self.held = held
         self.stop_requested = worker._stop
         self.claim_not_before = 0.0
@@ -177,7 +182,7 @@ class _Loop:
         self.flush_backoff = _Backoff()
 
     def run(self, handler: Handler) -> None:
-        keeper = LeaseKeeper(self.http, self.worker.path, self.held, self.worker.lease_seconds)
+        keeper = LeaseKeeper(self.consumer, self.held, self.worker.lease_seconds)
         start_handler_threads(self.held, handler)
         keeper.start()
         failure: BrokerError | None = None
@@ -247,10 +252,9 @@ class _Loop:
         wait = self.worker.wait_seconds
         if not idle:
             wait = min(BUSY_WAIT_SECONDS, wait)
-        body = {"limit": limit, "timeout": self.worker.lease_seconds, "wait": wait}
         asked_at = time.monotonic()
         try:
-            answer = self.http.request("POST", f"{self.worker.path}/claim", json=body, retry=True)
+            claimed = self.consumer.claim(limit, lease_seconds=self.worker.lease_seconds, wait=wait)
         except BrokerError as error:
             if not is_transient(error):
                 raise
@@ -259,28 +263,24 @@ class _Loop:
             self.claim_not_before = time.monotonic() + delay
             return
         self.claim_backoff.reset()
-        entries: list[dict[str, Any]] = answer.json()["Result"]
         jobs = []
-        for entry in entries:
+        for entry in claimed.jobs:
             job = job_from_claim(entry)
             if job is None:  # its payload is gone: nothing a handler could do with it
                 held.add_outcome(dead(entry["ID"], "payload-missing"))
             else:
                 jobs.append(job)
         held.add_claimed(jobs, asked_at + self.worker.lease_seconds)
-        retry_after = answer.headers.get("Retry-After")
-        if not entries and retry_after is not None:  # no waiting place was free
-            with contextlib.suppress(ValueError):
-                self.claim_not_before = time.monotonic() + float(retry_after)
+        if not claimed.jobs and claimed.retry_after is not None:  # no waiting place was free
+            self.claim_not_before = time.monotonic() + claimed.retry_after
 
     def _flush(self) -> bool:
         """Report the pending outcomes; False when the broker could not be reached."""
         items = self.held.take_outcomes()
         if not items:
             return True
-        path = f"{self.worker.path}/report"
         try:
-            answer = self.http.request("POST", path, json={"Jobs": items}, retry=True)
+            results = self.consumer.report(items)
         except BrokerError as error:
             if is_transient(error):
                 self.held.put_back_outcomes(items)
@@ -297,7 +297,7 @@ class _Loop:
             )
         else:
             self.flush_backoff.reset()
-            _log_results(items, answer.json().get("Result", []))
+            _log_results(items, results)
         self.held.release(item["ID"] for item in items)
         return True
 

@@ -1,7 +1,8 @@
 """`pull CHANNEL CONSUMER`: claim a pull consumer's jobs, print them, acknowledge them with --ack.
 
 For trying a pull consumer out and for scripts; a program that processes jobs uses the Worker
-(webhook_broker_client.worker), which also retries, extends leases and stops gracefully.
+(webhook_broker_client.worker), which also retries, extends leases and stops gracefully. The
+broker authorizes these requests by the consumer's two tokens alone: no admin token is needed.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from webhook_broker_client.cli.output import emit, note, table
 from webhook_broker_client.cli.settings import (
     CHANNEL_TOKEN_VARIABLE,
     CONSUMER_TOKEN_VARIABLE,
-    admin_client,
+    current_settings,
     required,
 )
+from webhook_broker_client.pull_consumer import PullConsumer
 
 PAYLOAD_SHOWN = 200  # characters of a payload in the table; --json has it whole
 
@@ -61,22 +63,17 @@ def pull(
     Without --ack the jobs stay in flight until their lease ends, then go back to the queue
     (the attempt counted).
     """
-    tokens = {
-        "channel_token": required(
-            channel_token, "--channel-token", CHANNEL_TOKEN_VARIABLE, "the channel token"
-        ),
-        "consumer_token": required(
-            consumer_token, "--consumer-token", CONSUMER_TOKEN_VARIABLE, "the consumer token"
-        ),
-    }
-    with admin_client() as admin:
-        jobs = admin.claim_jobs(
-            channel, consumer, limit=limit, timeout=timeout, wait=wait, **tokens
-        )
+    url = current_settings().broker_url()
+    tokens = (
+        required(channel_token, "--channel-token", CHANNEL_TOKEN_VARIABLE, "the channel token"),
+        required(consumer_token, "--consumer-token", CONSUMER_TOKEN_VARIABLE, "the consumer token"),
+    )
+    with PullConsumer(url, channel, consumer, *tokens) as pull_consumer:
+        jobs = pull_consumer.claim(limit, lease_seconds=timeout, wait=wait).jobs
         reported = None
         if ack and jobs:
             outcomes = [{"ID": job["ID"], "NextState": "DELIVERED"} for job in jobs]
-            reported = admin.report_jobs(channel, consumer, outcomes, **tokens)
+            reported = pull_consumer.report(outcomes)
 
     def human(out: Console) -> None:
         if not jobs:
