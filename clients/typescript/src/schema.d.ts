@@ -795,6 +795,8 @@ export interface components {
             Result: components["schemas"]["ExtendedJobResult"][];
         };
         ExtendedJobRequest: {
+            /** @description the job's Attempts as the claim gave them: when given, only that claim's lease is extended (409 for this job once it was claimed again) */
+            Attempts?: number;
             /** @description the job's ID, as claim gave it */
             ID: string;
             /** @description the lease ends this many s from now */
@@ -811,7 +813,7 @@ export interface components {
             LeaseExpiresAt?: string;
             /** @description the job's state now (not on 404) */
             State?: string;
-            /** @description 202, 404 or 400, as POST …/job/{j} would answer */
+            /** @description 202, 404 or 400, as POST …/job/{j} would answer; 409 when the item's Attempts names an earlier claim */
             Status: number;
         };
         ItemError: {
@@ -1078,6 +1080,8 @@ export interface components {
         ReportedJobRequest: {
             /** @description QUEUED only, false: the worker never started the job; the attempt the claim counted is taken back (default true) */
             Attempted?: boolean;
+            /** @description the job's Attempts as the claim gave them: when given, the report applies only to that claim (409 for this job once it was claimed again) */
+            Attempts?: number;
             /** @description QUEUED only, true: due again after the consumer's retry delay for the attempt it used (its RetryDelays, as a failed push delivery), instead of IncrementalTimeout */
             Backoff?: boolean;
             /** @description DEAD or QUEUED only: why, kept in the job's LastError */
@@ -1094,7 +1098,7 @@ export interface components {
             ID: string;
             /** @description the job's state now (not on 404) */
             State?: string;
-            /** @description 202, 404 or 400, as POST …/job/{j} would answer */
+            /** @description 202, 404 or 400, as POST …/job/{j} would answer; 409 when the item's Attempts names an earlier claim */
             Status: number;
         };
         RequeueFormRequest: {
