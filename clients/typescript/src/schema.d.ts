@@ -842,16 +842,17 @@ export interface components {
             /** Format: date-time */
             StatusChangedAt: string;
         };
-        /** @description A job as listed with its message: webhook-broker's fields plus extensions. */
-        JobSummary: {
-            Attempts: number;
-            ID: string;
-            LastError: string;
-            ListenerEndpoint: string;
-            ListenerName: string;
-            Status: string;
+        /** @description A job's latest delivery attempt (push consumers; pull consumers' jobs have none). */
+        LastAttempt: {
+            /** Format: double */
+            DurationMs: number;
+            /** @description what went wrong without an answer; empty otherwise */
+            ErrorClass: string;
+            Number: number;
             /** Format: date-time */
-            StatusChangedAt: string;
+            StartedAt: string;
+            /** @description null: no answer */
+            StatusCode: number | null;
         };
         ListResult: {
             Pages: components["schemas"]["Pages"];
@@ -878,7 +879,7 @@ export interface components {
                 [key: string]: string;
             };
             ID: string;
-            Jobs: components["schemas"]["JobSummary"][];
+            Jobs: components["schemas"]["MessageJob"][];
             readonly Payload: string | null;
             readonly PayloadEncoding: string | null;
             /** @description payload-missing */
@@ -891,6 +892,21 @@ export interface components {
             /** Format: date-time */
             ScheduledFor: string | null;
             Status: string;
+        };
+        /**
+         * @description A job in its message's answer, with its latest attempt (extension; null before the first):
+         *     read from jobs annotated by jobs.models.with_last_attempt.
+         */
+        MessageJob: {
+            Attempts: number;
+            ID: string;
+            readonly LastAttempt: components["schemas"]["LastAttempt"] | null;
+            LastError: string;
+            ListenerEndpoint: string;
+            ListenerName: string;
+            Status: string;
+            /** Format: date-time */
+            StatusChangedAt: string;
         };
         MessagesStatus: {
             counts: {
