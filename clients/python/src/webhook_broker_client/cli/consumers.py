@@ -11,7 +11,13 @@ from rich.console import Console
 from webhook_broker_client.cli.app import json_option
 from webhook_broker_client.cli.confirm import confirm_or_stop
 from webhook_broker_client.cli.output import emit
-from webhook_broker_client.cli.resources import first, limit_option, show_list, show_one
+from webhook_broker_client.cli.resources import (
+    first,
+    limit_option,
+    show_list,
+    show_one,
+    show_put,
+)
 from webhook_broker_client.cli.settings import admin_client
 
 CONSUMER_FIELDS = [
@@ -104,7 +110,7 @@ def put_consumer(channel: str, consumer: str, kind: str | None, **settings: Any)
         answer = admin.put_consumer(
             channel, consumer, type=cast(Literal["push", "pull"] | None, kind), **settings
         )
-        show_one("consumer", answer, CONSUMER_FIELDS)
+        show_put("consumer", answer, CONSUMER_FIELDS)
 
 
 @consumers.command("pause")

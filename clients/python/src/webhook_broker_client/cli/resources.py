@@ -38,9 +38,20 @@ def show_list(kind: str, items: Sequence[Mapping[str, object]], columns: list[st
 
 
 def show_one(kind: str, item: Mapping[str, object], order: list[str]) -> None:
+    """A resource as a GET or a command answers it: without its token, never readable later."""
+    _show(kind, item, order, token_set_now=False)
+
+
+def show_put(kind: str, item: Mapping[str, object], order: list[str]) -> None:
+    """A PUT's answer. It has `Token` only when this PUT set the token (given, or generated on
+    create): the one time the broker shows it, which the note says."""
+    _show(kind, item, order, token_set_now=bool(item.get("Token")))
+
+
+def _show(kind: str, item: Mapping[str, object], order: list[str], token_set_now: bool) -> None:
     def human(out: Console) -> None:
         out.print(record(f"{kind} {item.get('ID')}", fields_of(dict(item), order)))
-        if "Token" in item:
+        if token_set_now:
             note(SHOWN_ONCE)
 
     emit(item, human)
@@ -82,7 +93,7 @@ def get_channel(channel: str) -> None:
 def put_channel(channel: str, name: str | None, token: str | None) -> None:
     """Create or update a channel."""
     with admin_client() as admin:
-        show_one("channel", admin.put_channel(channel, name=name, token=token), CHANNEL_FIELDS)
+        show_put("channel", admin.put_channel(channel, name=name, token=token), CHANNEL_FIELDS)
 
 
 @click.group()
@@ -130,4 +141,4 @@ def put_producer(
         allowed = [part.strip() for part in channel_list.split(",") if part.strip()]
     with admin_client() as admin:
         answer = admin.put_producer(producer, name=name, token=token, channels=allowed)
-        show_one("producer", answer, PRODUCER_FIELDS)
+        show_put("producer", answer, PRODUCER_FIELDS)
