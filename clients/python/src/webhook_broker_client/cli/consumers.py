@@ -88,7 +88,11 @@ def get_consumer(channel: str, consumer: str) -> None:
 @click.option("--callback-url", help="Where pushes go (required on create, pull consumers too).")
 @click.option("--type", "kind", type=click.Choice(["push", "pull"]), help="Default push.")
 @click.option("--name", help="Default: the ID.")
-@click.option("--token", help="Generated and shown once when not given on create; kept after.")
+@click.option(
+    "--token",
+    help="The consumer's own token (not the admin token); generated and shown once when "
+    "not given on create; kept after.",
+)
 @click.option("--ordering", type=click.Choice(["none", "ordered"]))
 @click.option(
     "--retry-delays", type=BlankOr(int, many=True), metavar="S1,S2", help="Seconds. " + BLANK_HELP

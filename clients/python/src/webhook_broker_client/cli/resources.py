@@ -88,7 +88,11 @@ def get_channel(channel: str) -> None:
 @channels.command("put")
 @click.argument("channel")
 @click.option("--name", help="Default: the ID (on create); kept (on update).")
-@click.option("--token", help="Generated and shown once when not given on create; kept on update.")
+@click.option(
+    "--token",
+    help="The channel's own token (not the admin token); generated and shown once when "
+    "not given on create; kept on update.",
+)
 @json_option
 def put_channel(channel: str, name: str | None, token: str | None) -> None:
     """Create or update a channel."""
@@ -124,7 +128,11 @@ def get_producer(producer: str) -> None:
 @producers.command("put")
 @click.argument("producer")
 @click.option("--name", help="Default: the ID (on create); kept (on update).")
-@click.option("--token", help="Generated and shown once when not given on create; kept on update.")
+@click.option(
+    "--token",
+    help="The producer's own token (not the admin token); generated and shown once when "
+    "not given on create; kept on update.",
+)
 @click.option(
     "--channels",
     "channel_list",
