@@ -99,6 +99,8 @@ def publish(
         headers=parse_headers(headers),
     )
     with producer:
+        # The package's own internal call: `publish` would return the ID alone, and whether the
+        # broker had the ID before is what the note below needs.
         published = producer._publish_message(message)
     if published.already_stored:
         note(f"message ID {published.message_id} already existed; not published again")
