@@ -19,7 +19,7 @@ test("Retry-After as seconds or as an HTTP date; anything else is no Retry-After
 
 const TWENTY_SECONDS = { timeout: 20_000 };
 
-test("a 503's Retry-After is waited instead of the backoff, as a 429's", TWENTY_SECONDS, async () => {
+test("a 503's Retry-After is waited instead of the backoff", TWENTY_SECONDS, async () => {
   const channel = await newChannel();
   const proxy = await failingProxy(brokerUrl, {
     count: 2,
