@@ -6,7 +6,9 @@ script is used up:
 - "lose": forward to the broker, then answer 502 instead of the broker's answer (the request
   took effect, its answer was lost);
 - "reset": close the connection without answering;
-- "throttle": answer 429 with Retry-After: 0, without asking the broker.
+- "throttle": answer 429 with Retry-After: 0, without asking the broker;
+- "unavailable:N": answer 503 with Retry-After: N, without asking the broker (as the broker
+  does while its database is down).
 Every request is recorded (method, path, headers) so a test can show what each try sent.
 """
 
@@ -48,6 +50,10 @@ def _handler(script: Script, upstream: str) -> type[BaseHTTPRequestHandler]:
                 return
             if step == "throttle":
                 self._answer(429, {"Retry-After": "0"}, b'{"Error": "slow down"}')
+                return
+            if step.startswith("unavailable:"):
+                seconds = step.partition(":")[2]
+                self._answer(503, {"Retry-After": seconds}, b'{"Error": "database unavailable"}')
                 return
             if step == "fail":
                 self._answer(503, {"Content-Type": "application/json"}, b'{"Error": "try again"}')

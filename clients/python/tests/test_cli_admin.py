@@ -28,6 +28,12 @@ def test_tables_by_default(broker: Broker) -> None:
     assert channel in result.stdout
     assert "given-token" in result.stdout
     assert "shown only now" in result.stderr
+    # No token set by these: no note.
+    for args in (("channels", "put", channel, "--name", "Renamed"), ("channels", "get", channel)):
+        result = invoke(broker, *args)
+        assert result.exit_code == 0, result.output
+        assert "shown only now" not in result.stderr
+        assert "Token" not in result.stdout
 
 
 def test_json_after_the_command_name_too(broker: Broker) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import socket
 
-from tests.cli_helpers import invoke, run_process
-from tests.conftest import Broker, Publisher
+from tests.cli_helpers import invoke, invoke_json, run_process
+from tests.conftest import Broker, Publisher, unique
+from tests.flaky_proxy import flaky_proxy
 
 
 def _publisher_env(publisher: Publisher) -> dict[str, str]:
@@ -43,6 +44,42 @@ def test_publish_prints_the_message_id(broker: Broker, publisher: Publisher) -> 
     result = invoke(broker, *args, env=env)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "greeting-1"
+
+
+def test_publishing_an_id_the_channel_has_says_so(broker: Broker, publisher: Publisher) -> None:
+    env = _publisher_env(publisher)
+    args = ("publish", publisher.channel_id, "--data", "hello", "--id", "twice")
+    first = invoke(broker, *args, env=env)
+    assert first.exit_code == 0, first.output
+    assert "already existed" not in first.stderr
+    again = invoke(broker, *args, env=env)
+    assert again.exit_code == 0, again.output  # the message is there: published, as asked
+    assert again.stdout.strip() == "twice"
+    assert "message ID twice already existed; not published again" in again.stderr
+
+
+def test_a_409_to_our_own_retry_is_no_note(broker: Broker, publisher: Publisher) -> None:
+    """The first try was stored but its answer lost (502): the retry's 409 is our own message."""
+    env = _publisher_env(publisher)
+    with flaky_proxy(broker.url, ["lose"]) as (url, script):
+        args = ("--url", url, "publish", publisher.channel_id, "--data", "x", "--id", "lost-1")
+        result = invoke(broker, *args, env=env)
+    assert result.exit_code == 0, result.output
+    assert len(script.seen) == 2
+    assert "already existed" not in result.stderr
+
+
+def test_the_admin_token_is_admin_token_and_put_token_is_the_resource_s(broker: Broker) -> None:
+    channel = unique("ch")
+    env = {"WEBHOOK_BROKER_TOKEN": ""}  # hidden: only the flag may give it
+    flags = ("--admin-token", broker.admin_token)
+    made = invoke_json(broker, *flags, "channels", "put", channel, "--token", "own", env=env)
+    assert made["Token"] == "own"
+    missing = invoke(broker, "channels", "get", channel, env=env)
+    assert missing.exit_code == 2
+    assert "--admin-token" in missing.stderr
+    old_flag = invoke(broker, "--token", broker.admin_token, "channels", "get", channel, env=env)
+    assert old_flag.exit_code == 2  # no global --token any more: never mistaken for the other
 
 
 def test_publish_reads_stdin_and_answers_json(broker: Broker, publisher: Publisher) -> None:

@@ -83,6 +83,27 @@ def test_an_old_or_future_timestamp_is_refused(
     verify(delivery.headers, delivery.body, secret, now=later, tolerance=timedelta(hours=1))
 
 
+@pytest.mark.parametrize(
+    ("timestamp", "refusal"),
+    [
+        ("99999999999999999", InvalidSignature),  # beyond 12 digits: past datetime's years
+        ("999999999999", TimestampOutOfTolerance),  # 12 digits, year 33658: far in the future
+        ("-1", InvalidSignature),
+        ("+1700000000", InvalidSignature),
+        ("1_700_000_000", InvalidSignature),
+        ("1e9", InvalidSignature),
+    ],
+)
+def test_a_malformed_or_far_timestamp_is_a_verification_error(
+    delivered: tuple[Delivery, str], timestamp: str, refusal: type[WebhookVerificationError]
+) -> None:
+    """Never an OverflowError or OSError: a receiver answers 4xx to any of these, not 500."""
+    delivery, secret = delivered
+    forged = {**delivery.headers, "webhook-timestamp": timestamp}
+    with pytest.raises(refusal, match="webhook-timestamp"):
+        verify(forged, delivery.body, secret, now=sent_at(delivery))
+
+
 def test_missing_headers_are_refused(delivered: tuple[Delivery, str]) -> None:
     delivery, secret = delivered
     unsigned = {k: v for k, v in delivery.headers.items() if k.lower() != "webhook-signature"}

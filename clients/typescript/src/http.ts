@@ -7,10 +7,12 @@ import { BrokerError, BrokerUnavailable, errorClassFor, messageOf } from "./erro
 /**
  * When to try again. A request is retried after a connection failure or timeout and after a 5xx
  * or 429 answer, at most `tries` times in all (the first included). Between tries it waits the
- * broker's Retry-After when it sent one (longer than `maxRetryAfterMs`: it gives up at once and
- * throws), else an exponential delay from `initialDelayMs` doubling up to `maxDelayMs`, drawn
- * between half and all of it (jitter), so clients that failed together do not all come back at
- * the same moment. The same rule as the Python client's.
+ * answer's Retry-After when it has one, whatever the status (a 429, a 503 while the broker's
+ * database is down; longer than `maxRetryAfterMs`: it gives up at once and throws), else an
+ * exponential delay from `initialDelayMs` doubling up to `maxDelayMs`, drawn between half and all
+ * of it (jitter), so clients that failed together do not all come back at the same moment.
+ * GET, PUT and DELETE are retried; a POST only when its sender says it is safe to repeat (a
+ * publish). The same rule as the Python client's (its _http.py).
  */
 export interface RetryPolicy {
   tries: number;
@@ -42,7 +44,8 @@ export interface RequestSpec {
   query?: Record<string, QueryValue>;
   headers?: Record<string, string>;
   body?: string | Uint8Array | URLSearchParams;
-  /** Whether the retry rule applies: only to requests that are safe to repeat. */
+  /** Whether the retry rule applies; default: for GET, PUT and DELETE, whose repetition does
+   * nothing twice, not for POST (a command may not be repeatable). */
   retry?: boolean;
 }
 
@@ -80,7 +83,7 @@ export class HttpClient {
 
   /** Sends the request, retrying as the policy says; throws a BrokerError for any non-2xx. */
   async send(spec: RequestSpec): Promise<Answer> {
-    const tries = spec.retry ? this.retry.tries : 1;
+    const tries = (spec.retry ?? spec.method !== "POST") ? this.retry.tries : 1;
     for (let attempt = 1; ; attempt++) {
       try {
         return await this.sendOnce(spec);
@@ -94,9 +97,9 @@ export class HttpClient {
   }
 
   /**
-   * The whole URL of a broker's `Pages` link. The broker writes links as paths from the host's
-   * root that already hold any prefix the broker is served under, so they resolve against the
-   * host, not against the base URL's path.
+   * The whole URL of a broker's `Pages` link. The broker writes links as absolute paths that
+   * already hold any prefix it is served under (`/broker/channels?next=…`), so they resolve
+   * against the base URL's origin, not its path. The Python client's `resolve_link` too.
    */
   resolveLink(link: string): string {
     return new URL(link, this.baseUrl).href;

@@ -123,6 +123,19 @@ describe("verify, against deliveries the broker signed", () => {
       rejection(() => verify(badTimestamp, delivery.body, secret)).reason,
       "invalid-timestamp",
     );
+    // Not 1 to 12 digits (the Python client's bound too): refused before any arithmetic.
+    for (const timestamp of ["99999999999999999", "-1", "+1700000000", "1e9", "1_700_000_000"]) {
+      const forged = { ...delivery.headers, "webhook-timestamp": timestamp };
+      assert.equal(
+        rejection(() => verify(forged, delivery.body, secret)).reason,
+        "invalid-timestamp",
+      );
+    }
+    const farFuture = { ...delivery.headers, "webhook-timestamp": "999999999999" };
+    assert.equal(
+      rejection(() => verify(farFuture, delivery.body, secret)).reason,
+      "timestamp-too-new",
+    );
     const malformed = rejection(() => verify(delivery.headers, delivery.body, "not-a-secret"));
     assert.equal(malformed.reason, "invalid-secret");
     assert.doesNotMatch(malformed.message, /not-a-secret/);

@@ -63,7 +63,8 @@ class AdminBase:
             if not items:
                 return
             yield from items
-            next_url = (page.get(pages_key) or {}).get("next")
+            link = (page.get(pages_key) or {}).get("next")
+            next_url = self._http.resolve_link(link) if link else None
             params = None  # the links carry the query of the first request
 
     def _ids(self, url: str, params: Mapping[str, Any] | None = None, **keys: str) -> Iterator[str]:

@@ -12,7 +12,10 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, Self
+from urllib.parse import urljoin
 
 import httpx
 
@@ -31,12 +34,14 @@ _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 class RetryPolicy:
     """When and how long to wait before sending a failed request again.
 
-    Retried: no answer (connection refused or broken, timeout), any 5xx, and 429. The wait
-    doubles from `initial_delay` up to `max_delay`, each drawn between half and all of that (the
-    jitter keeps many clients that failed together from coming back together). A 429's
-    Retry-After is honoured as given, unless it is longer than `max_retry_after`: then the
-    RateLimited error is raised at once rather than blocking the caller that long. `attempts`
-    counts every try, the first one included; `RetryPolicy(attempts=1)` never retries.
+    Retried: no answer (connection refused or broken, timeout), any 5xx, and 429. When the
+    answer carries Retry-After (a 429, a 503 while the broker's database is down, any other
+    retried status), the wait is that, as given, unless it is longer than `max_retry_after`:
+    then the error is raised at once rather than blocking the caller that long. Otherwise the
+    wait doubles from `initial_delay` up to `max_delay`, each drawn between half and all of that
+    (the jitter keeps many clients that failed together from coming back together). `attempts`
+    counts every try, the first one included; `RetryPolicy(attempts=1)` never retries. The
+    TypeScript client's rule is the same (clients/typescript/src/http.ts).
     """
 
     attempts: int = 5
@@ -48,9 +53,8 @@ class RetryPolicy:
         """Seconds to wait before the next try after `failed_attempts` tries, or None: give up."""
         if failed_attempts >= self.attempts or not is_transient(error):
             return None
-        retry_after = getattr(error, "retry_after", None)
-        if retry_after is not None:
-            return retry_after if retry_after <= self.max_retry_after else None
+        if error.retry_after is not None:
+            return error.retry_after if error.retry_after <= self.max_retry_after else None
         ceiling = min(self.max_delay, self.initial_delay * 2 ** (failed_attempts - 1))
         return random.uniform(ceiling / 2, ceiling)  # noqa: S311 - jitter, not a secret
 
@@ -84,12 +88,25 @@ def _message_of(body: Any) -> str:
 
 
 def retry_after_of(response: httpx.Response) -> float | None:
-    """Retry-After in seconds, when it is a number (the broker sends integer seconds)."""
-    value = response.headers.get("Retry-After")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
+    """The answer's Retry-After in seconds from now, or None when it has none we can read."""
+    return parse_retry_after(response.headers.get("Retry-After"))
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as RFC 9110 writes it: delay-seconds (digits; the broker's form) or an HTTP
+    date (seconds until then, 0 when past). Anything else is no Retry-After."""
+    value = (value or "").strip()
+    if not value:
         return None
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # "-0000": RFC 5322's "UTC, zone unknown"
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _unavailable(method: str, url: str, exc: httpx.TransportError) -> BrokerUnavailable:
@@ -173,8 +190,16 @@ class HttpClient:
                 return outcome
             delay = policy.delay_before_retry(tries, outcome)
             if delay is None:
+                outcome.tries = tries
                 raise outcome
             time.sleep(delay)
+
+    def resolve_link(self, link: str) -> str:
+        """The whole URL of a broker's `Pages` link. The broker writes links as absolute paths
+        that already hold any prefix it is served under (`/broker/channels?next=...`), so they
+        resolve against the base URL's origin, not below its path (as the TypeScript client's
+        `resolveLink`)."""
+        return urljoin(str(self._client.base_url), link)
 
     def _send_once(self, request: _Request) -> httpx.Response | BrokerError:
         try:
@@ -228,6 +253,7 @@ class AsyncHttpClient:
                 return outcome
             delay = policy.delay_before_retry(tries, outcome)
             if delay is None:
+                outcome.tries = tries
                 raise outcome
             await asyncio.sleep(delay)
 

@@ -11,13 +11,27 @@ from typing import Any
 
 
 class BrokerError(Exception):
-    """The broker refused a request, failed, or could not be reached."""
+    """The broker refused a request, failed, or could not be reached.
 
-    def __init__(self, status: int | None, message: str, body: Any = None) -> None:
+    `retry_after`: the answer's Retry-After in seconds, when it had one (a 429, or a 503 while
+    the broker's database is down); the retry rule waits that long before the next try.
+    `tries`: how many times the client sent the request before giving up with this answer
+    (1: the first answer was final).
+    """
+
+    def __init__(
+        self,
+        status: int | None,
+        message: str,
+        body: Any = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.body = body
+        self.retry_after = retry_after
+        self.tries = 1
 
     def __str__(self) -> str:
         if self.status is None:
@@ -48,12 +62,6 @@ class PreconditionFailed(BrokerError):
 class RateLimited(BrokerError):
     """429: over a rate limit; `retry_after` is the broker's Retry-After in seconds, if any."""
 
-    def __init__(
-        self, status: int | None, message: str, body: Any = None, retry_after: float | None = None
-    ) -> None:
-        super().__init__(status, message, body)
-        self.retry_after = retry_after
-
 
 class ServerError(BrokerError):
     """5xx: the broker failed; the same request may succeed later."""
@@ -67,12 +75,10 @@ def error_for_status(
     status: int, message: str, body: Any = None, retry_after: float | None = None
 ) -> BrokerError:
     """The exception that names what `status` means."""
-    if status == 429:
-        return RateLimited(status, message, body, retry_after)
     kind = _KIND_BY_STATUS.get(status)
     if kind is None:
         kind = ServerError if status >= 500 else BrokerError
-    return kind(status, message, body)
+    return kind(status, message, body, retry_after)
 
 
 _KIND_BY_STATUS: dict[int, type[BrokerError]] = {
@@ -85,4 +91,5 @@ _KIND_BY_STATUS: dict[int, type[BrokerError]] = {
     413: BadRequest,
     415: BadRequest,
     422: BadRequest,
+    429: RateLimited,
 }

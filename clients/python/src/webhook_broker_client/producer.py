@@ -3,13 +3,15 @@
 A publish is retried on no answer, 5xx and 429 (the HTTP layer's RetryPolicy) with the same
 message ID, made before the first try when the caller gives none. A retry can therefore never
 store a message twice: if an earlier try was stored and only its answer was lost, the broker
-answers 409 for the ID it already has, and that counts as success.
+answers 409 for the ID it already has, and that counts as success. A 409 to the very first try
+counts as success too (the message is there), but it says the ID was taken before this call:
+`Published.already_stored`, which the command line reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from contextlib import suppress
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self
 from urllib.parse import quote
@@ -40,6 +42,20 @@ def _credentials(channel_token: str, producer_id: str, producer_token: str) -> d
 def _message(payload: Payload, **keywords: Any) -> BatchMessage:
     keywords["headers"] = keywords.get("headers") or {}
     return BatchMessage(payload, **keywords)
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one broadcast did (internal: `publish` returns only the ID)."""
+
+    message_id: str
+    # The broker answered 409 to the first try: the channel had this ID before this call, so
+    # this call stored nothing (a 409 after a retry of ours is our own earlier try, stored).
+    already_stored: bool = False
+
+
+def _published(message_id: str, conflict: Conflict | None) -> Published:
+    return Published(message_id, conflict is not None and conflict.tries == 1)
 
 
 def _stored_ids(response: httpx.Response) -> list[str]:
@@ -98,13 +114,17 @@ class Producer:
             scheduled_for=scheduled_for,
             headers=headers,
         )
+        return self._publish_message(message).message_id
+
+    def _publish_message(self, message: BatchMessage) -> Published:
         message_id, request_headers, body = broadcast_request(message)
-        # A 409: the broker has this ID already, stored by an earlier try (or the caller's own).
-        with suppress(Conflict):
+        try:
             self._http.request(
                 "POST", f"{self._path}/broadcast", content=body, headers=request_headers, retry=True
             )
-        return message_id
+        except Conflict as conflict:  # the broker has this ID: an earlier try's, or the caller's
+            return _published(message_id, conflict)
+        return _published(message_id, None)
 
     def publish_batch(self, messages: Iterable[BatchMessage]) -> list[str]:
         """Publish many messages at once, all or nothing; their IDs, in order."""
@@ -171,13 +191,17 @@ class AsyncProducer:
             scheduled_for=scheduled_for,
             headers=headers,
         )
+        return (await self._publish_message(message)).message_id
+
+    async def _publish_message(self, message: BatchMessage) -> Published:
         message_id, request_headers, body = broadcast_request(message)
-        # A 409: the broker has this ID already, stored by an earlier try (or the caller's own).
-        with suppress(Conflict):
+        try:
             await self._http.request(
                 "POST", f"{self._path}/broadcast", content=body, headers=request_headers, retry=True
             )
-        return message_id
+        except Conflict as conflict:  # the broker has this ID: an earlier try's, or the caller's
+            return _published(message_id, conflict)
+        return _published(message_id, None)
 
     async def publish_batch(self, messages: Iterable[BatchMessage]) -> list[str]:
         """As Producer.publish_batch."""

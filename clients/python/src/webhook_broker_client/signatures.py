@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -34,6 +35,9 @@ __all__ = [
 SECRET_PREFIX = "whsec_"  # noqa: S105 (a prefix, not a secret)
 PUBLIC_KEY_PREFIX = "whpk_"
 DEFAULT_TOLERANCE = timedelta(minutes=5)
+# Unix seconds as the broker writes them: ASCII digits, at most 12 (until the year 33658). The
+# TypeScript client's bound too; it keeps a forged huge value away from datetime's range limits.
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
 
 
 class WebhookVerificationError(Exception):
@@ -74,11 +78,12 @@ def verify(
     scheme = _scheme_for(secret_or_public_key)  # a wrong key is the receiver's bug: first
     received = {str(name).lower(): str(value) for name, value in headers.items()}
     webhook_id = _required(received, "webhook-id")
-    timestamp = _timestamp(_required(received, "webhook-timestamp"))
+    timestamp_text = _required(received, "webhook-timestamp")
     signatures = _required(received, "webhook-signature")
-    _check_tolerance(timestamp, now or datetime.now(UTC), tolerance)
+    _check_tolerance(_timestamp(timestamp_text), now or datetime.now(UTC), tolerance)
     payload = body.encode() if isinstance(body, str) else bytes(body)
-    signed = f"{webhook_id}.{timestamp}.".encode() + payload
+    # The header's text as received is what was signed (as the TypeScript client reads it).
+    signed = f"{webhook_id}.{timestamp_text}.".encode() + payload
     for entry in signatures.split():
         version, _, encoded = entry.partition(",")
         if version == scheme.version and scheme.check(signed, _decode_signature(encoded)):
@@ -96,18 +101,22 @@ def _required(received: Mapping[str, str], name: str) -> str:
 
 
 def _timestamp(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise InvalidSignature(f"webhook-timestamp is not unix seconds: {value[:40]!r}") from None
+    """The header's unix seconds; a value that is not 1 to 12 digits is refused, unsigned."""
+    if not _TIMESTAMP.fullmatch(value):
+        raise InvalidSignature(
+            f"webhook-timestamp is not unix seconds (1 to 12 digits): {value[:40]!r}"
+        )
+    return int(value)
 
 
 def _check_tolerance(timestamp: int, now: datetime, tolerance: timedelta) -> None:
-    sent = datetime.fromtimestamp(timestamp, UTC)
-    if abs(now - sent) > tolerance:
+    # Compared as numbers: a timestamp far outside datetime's years must be refused, not crash.
+    off_by = timestamp - now.timestamp()
+    if abs(off_by) > tolerance.total_seconds():
+        direction = "in the future" if off_by > 0 else "in the past"
         raise TimestampOutOfTolerance(
-            f"webhook-timestamp {sent.isoformat()} is {abs(now - sent)} from now "
-            f"({now.isoformat()}); the tolerance is {tolerance}"
+            f"webhook-timestamp {timestamp} is {abs(off_by):.0f} s {direction} "
+            f"(now {now.isoformat()}); the tolerance is {tolerance.total_seconds():.0f} s"
         )
 
 

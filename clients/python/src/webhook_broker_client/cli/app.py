@@ -68,7 +68,8 @@ def json_option(command: Command) -> Command:
     help="The broker's address, e.g. http://127.0.0.1:8000.",
 )
 @click.option(
-    "--token",
+    # Not --token: the put commands' --token is the resource's own token.
+    "--admin-token",
     envvar=TOKEN_VARIABLE,
     show_envvar=True,
     metavar="TOKEN",
@@ -82,7 +83,7 @@ def json_option(command: Command) -> Command:
 )
 @click.version_option(__version__, prog_name="webhook-broker")
 @click.pass_context
-def cli(ctx: click.Context, url: str | None, token: str | None, json_output: bool) -> None:
+def cli(ctx: click.Context, url: str | None, admin_token: str | None, json_output: bool) -> None:
     """Manage and use a webhook broker from the command line.
 
     Exit codes: 0 done, 1 refused by the broker (or not confirmed), 2 usage, 3 broker
@@ -90,5 +91,5 @@ def cli(ctx: click.Context, url: str | None, token: str | None, json_output: boo
     """
     settings = ctx.ensure_object(Settings)
     settings.url = url.rstrip("/") if url else None
-    settings.token = token
+    settings.admin_token = admin_token
     settings.json = settings.json or json_output

@@ -11,7 +11,13 @@ from rich.console import Console
 from webhook_broker_client.cli.app import json_option
 from webhook_broker_client.cli.confirm import confirm_or_stop
 from webhook_broker_client.cli.output import emit
-from webhook_broker_client.cli.resources import first, limit_option, show_list, show_one
+from webhook_broker_client.cli.resources import (
+    first,
+    limit_option,
+    show_list,
+    show_one,
+    show_put,
+)
 from webhook_broker_client.cli.settings import admin_client
 
 CONSUMER_FIELDS = [
@@ -82,7 +88,11 @@ def get_consumer(channel: str, consumer: str) -> None:
 @click.option("--callback-url", help="Where pushes go (required on create, pull consumers too).")
 @click.option("--type", "kind", type=click.Choice(["push", "pull"]), help="Default push.")
 @click.option("--name", help="Default: the ID.")
-@click.option("--token", help="Generated and shown once when not given on create; kept after.")
+@click.option(
+    "--token",
+    help="The consumer's own token (not the admin token); generated and shown once when "
+    "not given on create; kept after.",
+)
 @click.option("--ordering", type=click.Choice(["none", "ordered"]))
 @click.option(
     "--retry-delays", type=BlankOr(int, many=True), metavar="S1,S2", help="Seconds. " + BLANK_HELP
@@ -104,7 +114,7 @@ def put_consumer(channel: str, consumer: str, kind: str | None, **settings: Any)
         answer = admin.put_consumer(
             channel, consumer, type=cast(Literal["push", "pull"] | None, kind), **settings
         )
-        show_one("consumer", answer, CONSUMER_FIELDS)
+        show_put("consumer", answer, CONSUMER_FIELDS)
 
 
 @consumers.command("pause")

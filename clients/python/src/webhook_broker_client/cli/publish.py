@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from webhook_broker_client.cli.app import json_option
-from webhook_broker_client.cli.output import emit
+from webhook_broker_client.cli.output import emit, note
 from webhook_broker_client.cli.settings import (
     CHANNEL_TOKEN_VARIABLE,
     PRODUCER_ID_VARIABLE,
@@ -16,7 +16,7 @@ from webhook_broker_client.cli.settings import (
     current_settings,
     required,
 )
-from webhook_broker_client.producer import Producer
+from webhook_broker_client.producer import BatchMessage, Producer
 
 
 def read_data(data: str) -> bytes | str:
@@ -77,7 +77,8 @@ def publish(
 ) -> None:
     """Publish a message to CHANNEL and print its ID.
 
-    A message ID the channel already has counts as published (a retry of the same message).
+    A message ID the channel already has counts as published (exit 0): when the broker says so
+    at the first try, a note on stderr tells that nothing new was published.
     """
     settings = current_settings()
     producer = Producer(
@@ -87,15 +88,23 @@ def publish(
         required(producer_id, "--producer", PRODUCER_ID_VARIABLE, "the producer ID"),
         required(producer_token, "--producer-token", PRODUCER_TOKEN_VARIABLE, "its token"),
     )
+    message = BatchMessage(
+        read_data(data),
+        message_id=message_id,
+        content_type=content_type,
+        event_type=event_type,
+        ordering_key=ordering_key,
+        priority=priority,
+        scheduled_for=scheduled_for,
+        headers=parse_headers(headers),
+    )
     with producer:
-        published = producer.publish(
-            read_data(data),
-            message_id=message_id,
-            content_type=content_type,
-            event_type=event_type,
-            ordering_key=ordering_key,
-            priority=priority,
-            scheduled_for=scheduled_for,
-            headers=parse_headers(headers),
-        )
-    emit({"Channel": channel, "MessageID": published}, lambda out: out.print(published))
+        # The package's own internal call: `publish` would return the ID alone, and whether the
+        # broker had the ID before is what the note below needs.
+        published = producer._publish_message(message)
+    if published.already_stored:
+        note(f"message ID {published.message_id} already existed; not published again")
+    emit(
+        {"Channel": channel, "MessageID": published.message_id},
+        lambda out: out.print(published.message_id),
+    )

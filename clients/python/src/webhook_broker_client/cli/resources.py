@@ -38,9 +38,20 @@ def show_list(kind: str, items: Sequence[Mapping[str, object]], columns: list[st
 
 
 def show_one(kind: str, item: Mapping[str, object], order: list[str]) -> None:
+    """A resource as a GET or a command answers it: without its token, never readable later."""
+    _show(kind, item, order, token_set_now=False)
+
+
+def show_put(kind: str, item: Mapping[str, object], order: list[str]) -> None:
+    """A PUT's answer. It has `Token` only when this PUT set the token (given, or generated on
+    create): the one time the broker shows it, which the note says."""
+    _show(kind, item, order, token_set_now=bool(item.get("Token")))
+
+
+def _show(kind: str, item: Mapping[str, object], order: list[str], token_set_now: bool) -> None:
     def human(out: Console) -> None:
         out.print(record(f"{kind} {item.get('ID')}", fields_of(dict(item), order)))
-        if "Token" in item:
+        if token_set_now:
             note(SHOWN_ONCE)
 
     emit(item, human)
@@ -77,12 +88,16 @@ def get_channel(channel: str) -> None:
 @channels.command("put")
 @click.argument("channel")
 @click.option("--name", help="Default: the ID (on create); kept (on update).")
-@click.option("--token", help="Generated and shown once when not given on create; kept on update.")
+@click.option(
+    "--token",
+    help="The channel's own token (not the admin token); generated and shown once when "
+    "not given on create; kept on update.",
+)
 @json_option
 def put_channel(channel: str, name: str | None, token: str | None) -> None:
     """Create or update a channel."""
     with admin_client() as admin:
-        show_one("channel", admin.put_channel(channel, name=name, token=token), CHANNEL_FIELDS)
+        show_put("channel", admin.put_channel(channel, name=name, token=token), CHANNEL_FIELDS)
 
 
 @click.group()
@@ -113,7 +128,11 @@ def get_producer(producer: str) -> None:
 @producers.command("put")
 @click.argument("producer")
 @click.option("--name", help="Default: the ID (on create); kept (on update).")
-@click.option("--token", help="Generated and shown once when not given on create; kept on update.")
+@click.option(
+    "--token",
+    help="The producer's own token (not the admin token); generated and shown once when "
+    "not given on create; kept on update.",
+)
 @click.option(
     "--channels",
     "channel_list",
@@ -130,4 +149,4 @@ def put_producer(
         allowed = [part.strip() for part in channel_list.split(",") if part.strip()]
     with admin_client() as admin:
         answer = admin.put_producer(producer, name=name, token=token, channels=allowed)
-        show_one("producer", answer, PRODUCER_FIELDS)
+        show_put("producer", answer, PRODUCER_FIELDS)

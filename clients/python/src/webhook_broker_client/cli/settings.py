@@ -25,14 +25,14 @@ class Settings:
     """The group's options, shared by every command through click's context object."""
 
     url: str | None = None
-    token: str | None = None
+    admin_token: str | None = None
     json: bool = False
 
     def broker_url(self) -> str:
         return required(self.url, "--url", URL_VARIABLE, "the broker's address")
 
-    def admin_token(self) -> str:
-        return required(self.token, "--token", TOKEN_VARIABLE, "an admin token")
+    def required_admin_token(self) -> str:
+        return required(self.admin_token, "--admin-token", TOKEN_VARIABLE, "an admin token")
 
 
 def required(value: str | None, flag: str, variable: str, what: str) -> str:
@@ -50,4 +50,4 @@ def current_settings() -> Settings:
 def admin_client() -> Admin:
     """The admin client for the configured broker and token."""
     settings = current_settings()
-    return Admin(settings.broker_url(), settings.admin_token())
+    return Admin(settings.broker_url(), settings.required_admin_token())
