@@ -6,7 +6,9 @@ script is used up:
 - "lose": forward to the broker, then answer 502 instead of the broker's answer (the request
   took effect, its answer was lost);
 - "reset": close the connection without answering;
-- "throttle": answer 429 with Retry-After: 0, without asking the broker.
+- "throttle": answer 429 with Retry-After: 0, without asking the broker;
+- "garbage": answer 200 with an HTML page, as a misconfigured proxy might, without asking the
+  broker.
 Every request is recorded (method, path, headers) so a test can show what each try sent.
 """
 
@@ -48,6 +50,9 @@ def _handler(script: Script, upstream: str) -> type[BaseHTTPRequestHandler]:
                 return
             if step == "throttle":
                 self._answer(429, {"Retry-After": "0"}, b'{"Error": "slow down"}')
+                return
+            if step == "garbage":
+                self._answer(200, {"Content-Type": "text/html"}, b"<html>a proxy</html>")
                 return
             if step == "fail":
                 self._answer(503, {"Content-Type": "application/json"}, b'{"Error": "try again"}')
