@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models import Count, OuterRef, Prefetch, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -28,7 +28,8 @@ from broker.api.serializers import ErrorSerializer, ListResultSerializer, Payloa
 from broker.models import Channel, Message
 from broker.replay import NotReplayable, ReplayResult, replay
 from consumers.models import Consumer
-from jobs.api.serializers import JobSummarySerializer
+from jobs.api.serializers import MessageJobSerializer
+from jobs.models import Job, with_last_attempt
 
 # webhook-broker's numeric message statuses, accepted in ?status= alongside the names.
 STATUS_CODES = {"101": Message.Status.ACKNOWLEDGED, "102": Message.Status.DISPATCHED}
@@ -49,14 +50,16 @@ class MessageSerializer(PayloadFieldsMixin):
     EventType = serializers.CharField(source="event_type", allow_null=True)
     Status = serializers.CharField(source="status")
     Headers = serializers.DictField(source="headers", child=serializers.CharField())
-    Jobs = JobSummarySerializer(source="jobs.all", many=True)
+    Jobs = MessageJobSerializer(source="jobs.all", many=True)
 
 
 class MessageDetailView(APIView):
     @extend_schema(operation_id="get_message", responses={200: MessageSerializer})
     def get(self, request: Request, channel_id: str, message_id: str) -> Response:
         message = get_object_or_404(
-            Message.objects.select_related("producer").prefetch_related("jobs__consumer"),
+            Message.objects.select_related("producer").prefetch_related(
+                Prefetch("jobs", with_last_attempt(Job.objects.select_related("consumer")))
+            ),
             channel_id=channel_id,
             public_id=message_id,
         )

@@ -10,7 +10,7 @@ took it back, so another worker may hold it now).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -22,9 +22,17 @@ from rest_framework.response import Response
 from broker.api.schema import PULL_ONLY_ERRORS
 from broker.api.serializers import ErrorSerializer
 from jobs.api.access import authorized_consumer
-from jobs.api.pull import MAX_INCREMENTAL_TIMEOUT, TOKEN_HEADERS, TokenView, json_object, wire_keys
-from jobs.api.pull_report import MAX_REPORTS, ReportedJobResult, answer, bad
-from jobs.queue import extend_leases
+from jobs.api.pull import MAX_INCREMENTAL_TIMEOUT, TOKEN_HEADERS, TokenView
+from jobs.api.pull_report import (
+    MAX_REPORTS,
+    ReportedJobResult,
+    answer,
+    bad,
+    claimed_attempts,
+    job_items,
+    refuse_repeats,
+)
+from jobs.queue import LeaseRequest, extend_leases
 
 MAX_LEASE_SECONDS = MAX_INCREMENTAL_TIMEOUT  # as a claim's `timeout`
 
@@ -33,6 +41,12 @@ class ExtendedJob(serializers.Serializer[Any]):
     ID = serializers.CharField(help_text="the job's ID, as claim gave it")
     Timeout = serializers.IntegerField(
         min_value=1, max_value=MAX_LEASE_SECONDS, help_text="the lease ends this many s from now"
+    )
+    Attempts = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="the job's Attempts as the claim gave them: when given, only that claim's lease"
+        " is extended (409 for this job once it was claimed again)",
     )
 
 
@@ -62,34 +76,23 @@ class ExtendView(TokenView):
     def post(self, request: Request, channel_id: str, consumer_id: str) -> Response:
         """Extend the leases of INFLIGHT jobs the worker holds."""
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
-        now = timezone.now()
-        leases = [(job_id, now + timedelta(seconds=s)) for job_id, s in parse_leases(request.body)]
+        leases = parse_leases(request.body, timezone.now())
         results = extend_leases(consumer, leases)
         answers = []
-        for result, (_, until) in zip(results, leases, strict=True):
+        for result, lease in zip(results, leases, strict=True):
             extended = result.state is not None and not result.refused
-            answers.append(answer(result) | ({"LeaseExpiresAt": until} if extended else {}))
+            answers.append(answer(result) | ({"LeaseExpiresAt": lease.until} if extended else {}))
         return Response({"Result": answers})
 
 
-def parse_leases(body: bytes) -> list[tuple[str, int]]:
-    """(job ID, seconds) per item of the body, every one checked; 400 for the first problem."""
-    jobs = wire_keys(json_object(body), ["Jobs"]).get("Jobs")
-    if not isinstance(jobs, list) or not jobs:
-        raise bad("Jobs must be a non-empty list.")
-    if len(jobs) > MAX_REPORTS:
-        raise bad(f"Jobs holds {len(jobs)} jobs; at most {MAX_REPORTS} are taken at once.")
+def parse_leases(body: bytes, now: datetime) -> list[LeaseRequest]:
+    """The leases a request's body asks for, every one checked; 400 for the first problem."""
     leases = []
-    for n, item in enumerate(jobs):
-        if not isinstance(item, dict):
-            raise bad(f"Jobs[{n}] must be a JSON object.")
-        fields = wire_keys(item, ["ID", "Timeout"])
-        job_id, seconds = fields.get("ID"), fields.get("Timeout")
-        if not isinstance(job_id, str):
-            raise bad(f"Jobs[{n}].ID must be a string.")
+    for n, fields in job_items(body, ["ID", "Timeout", "Attempts"]):
+        seconds = fields.get("Timeout")
         if type(seconds) is not int or not 1 <= seconds <= MAX_LEASE_SECONDS:
             raise bad(f"Jobs[{n}].Timeout must be 1 to {MAX_LEASE_SECONDS} seconds.")
-        leases.append((job_id, seconds))
-    if len({job_id for job_id, _ in leases}) != len(leases):
-        raise bad("Jobs names the same job twice.")
+        attempts = claimed_attempts(f"Jobs[{n}]", fields)
+        leases.append(LeaseRequest(fields["ID"], now + timedelta(seconds=seconds), attempts))
+    refuse_repeats([lease.job_id for lease in leases])
     return leases

@@ -34,7 +34,7 @@ from jobs.states import DEAD, DELIVERED, QUEUED, JobStatus
 MAX_REPORTS = 500
 MAX_ERROR_LENGTH = 1000
 REPORTABLE = (DELIVERED, DEAD, QUEUED)
-ITEM_KEYS = ["ID", "NextState", "IncrementalTimeout", "Error", "Backoff", "Attempted"]
+ITEM_KEYS = ["ID", "NextState", "IncrementalTimeout", "Error", "Backoff", "Attempted", "Attempts"]
 
 
 class ReportedJob(serializers.Serializer[Any]):
@@ -56,6 +56,12 @@ class ReportedJob(serializers.Serializer[Any]):
         help_text="QUEUED only, true: due again after the consumer's retry delay for the attempt"
         " it used (its RetryDelays, as a failed push delivery), instead of IncrementalTimeout",
     )
+    Attempts = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="the job's Attempts as the claim gave them: when given, the report applies only"
+        " to that claim (409 for this job once it was claimed again)",
+    )
     Attempted = serializers.BooleanField(
         required=False,
         help_text="QUEUED only, false: the worker never started the job; the attempt the claim"
@@ -69,7 +75,10 @@ class ReportRequest(serializers.Serializer[Any]):
 
 class ReportedJobResult(serializers.Serializer[Any]):
     ID = serializers.CharField()
-    Status = serializers.IntegerField(help_text="202, 404 or 400, as POST …/job/{j} would answer")
+    Status = serializers.IntegerField(
+        help_text="202, 404 or 400, as POST …/job/{j} would answer; 409 when the item's Attempts"
+        " names an earlier claim"
+    )
     State = serializers.CharField(required=False, help_text="the job's state now (not on 404)")
     Error = serializers.CharField(required=False, help_text="on 404 and 400: why")
 
@@ -98,27 +107,50 @@ class ReportView(TokenView):
 
 def parse_reports(body: bytes) -> list[OutcomeReport]:
     """The reports of a request's body, every one checked; 400 for the first problem."""
+    reports = [_report(f"Jobs[{n}]", fields) for n, fields in job_items(body, ITEM_KEYS)]
+    refuse_repeats([report.job_id for report in reports])
+    return reports
+
+
+def job_items(body: bytes, keys: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """The `Jobs` of a report's or an extension's body, each an object read with `keys` matched
+    case-insensitively, numbered; 400 for a list that is empty, too long, or holds something
+    else than objects with a string ID."""
     jobs = wire_keys(json_object(body), ["Jobs"]).get("Jobs")
     if not isinstance(jobs, list) or not jobs:
         raise bad("Jobs must be a non-empty list.")
     if len(jobs) > MAX_REPORTS:
         raise bad(f"Jobs holds {len(jobs)} jobs; at most {MAX_REPORTS} are taken at once.")
-    reports = [_report(f"Jobs[{n}]", item) for n, item in enumerate(jobs)]
+    items = []
+    for n, item in enumerate(jobs):
+        if not isinstance(item, dict):
+            raise bad(f"Jobs[{n}] must be a JSON object.")
+        fields = wire_keys(item, keys)
+        if not isinstance(fields.get("ID"), str):
+            raise bad(f"Jobs[{n}].ID must be a string.")
+        items.append((n, fields))
+    return items
+
+
+def refuse_repeats(job_ids: list[str]) -> None:
+    """400 for a job named twice in one request (checked once every item is)."""
     first: dict[str, int] = {}
-    for n, report in enumerate(reports):
-        if (earlier := first.setdefault(report.job_id, n)) != n:
+    for n, job_id in enumerate(job_ids):
+        if (earlier := first.setdefault(job_id, n)) != n:
             raise bad(f"Jobs[{n}] names the same job as Jobs[{earlier}].")
-    return reports
 
 
-def _report(where: str, item: object) -> OutcomeReport:
-    if not isinstance(item, dict):
-        raise bad(f"{where} must be a JSON object.")
-    fields = wire_keys(item, ITEM_KEYS)
-    job_id, state = fields.get("ID"), fields.get("NextState")
+def claimed_attempts(where: str, fields: dict[str, Any]) -> int | None:
+    """An item's `Attempts`, the job's attempts as its claim gave them (the fence), if given."""
+    attempts = _given(fields, "Attempts", None)
+    if attempts is not None and (type(attempts) is not int or attempts < 1):
+        raise bad(f"{where}.Attempts must be a whole number from 1: the job's Attempts as claimed.")
+    return attempts
+
+
+def _report(where: str, fields: dict[str, Any]) -> OutcomeReport:
+    job_id, state = fields["ID"], fields.get("NextState")
     timeout, error = _given(fields, "IncrementalTimeout", 0), _given(fields, "Error", "")
-    if not isinstance(job_id, str):
-        raise bad(f"{where}.ID must be a string.")
     if state not in REPORTABLE:
         raise bad(f"{where}.NextState must be DELIVERED, DEAD or QUEUED (claim takes jobs).")
     if type(timeout) is not int or not 0 <= timeout <= MAX_INCREMENTAL_TIMEOUT:
@@ -136,7 +168,8 @@ def _report(where: str, item: object) -> OutcomeReport:
         raise bad(f"{where}: Backoff and Attempted false are only allowed with NextState QUEUED.")
     if backoff and (timeout or not attempted):
         raise bad(f"{where}.Backoff excludes IncrementalTimeout and Attempted false.")
-    return OutcomeReport(job_id, JobStatus(state), timeout, error, backoff, attempted)
+    attempts = claimed_attempts(where, fields)
+    return OutcomeReport(job_id, JobStatus(state), timeout, error, backoff, attempted, attempts)
 
 
 def _given(fields: dict[str, Any], name: str, default: object) -> Any:
@@ -150,6 +183,8 @@ def answer(result: ReportResult) -> dict[str, object]:
     answer: dict[str, object] = {"ID": result.job_id}
     if result.state is None:
         answer.update(Status=status.HTTP_404_NOT_FOUND, Error="Job could not be found.")
+    elif result.claimed_again:
+        answer.update(Status=status.HTTP_409_CONFLICT, State=result.state, Error=result.refused)
     elif result.refused:
         answer.update(Status=status.HTTP_400_BAD_REQUEST, State=result.state, Error=result.refused)
     else:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from broker.api.serializers import PayloadFieldsMixin, payload_fields
@@ -72,6 +73,33 @@ class JobSummarySerializer(serializers.Serializer[Any]):
     StatusChangedAt = serializers.DateTimeField(source="status_changed_at")
     Attempts = serializers.IntegerField(source="attempts")
     LastError = serializers.CharField(source="last_error")
+
+
+class LastAttemptSerializer(serializers.Serializer[Any]):
+    """A job's latest delivery attempt (push consumers; pull consumers' jobs have none)."""
+
+    Number = serializers.IntegerField(source="last_attempt_number")
+    StartedAt = serializers.DateTimeField(source="last_started_at")
+    DurationMs = serializers.FloatField(source="last_duration_ms")
+    StatusCode = serializers.IntegerField(
+        source="last_status_code", allow_null=True, help_text="null: no answer"
+    )
+    ErrorClass = serializers.CharField(
+        source="last_error_class", help_text="what went wrong without an answer; empty otherwise"
+    )
+
+
+class MessageJobSerializer(JobSummarySerializer):
+    """A job in its message's answer, with its latest attempt (extension; null before the first):
+    read from jobs annotated by jobs.models.with_last_attempt."""
+
+    LastAttempt = serializers.SerializerMethodField()
+
+    @extend_schema_field(LastAttemptSerializer(allow_null=True))
+    def get_LastAttempt(self, job: Job) -> dict[str, Any] | None:  # noqa: N802 (wire name)
+        if getattr(job, "last_started_at", None) is None:
+            return None
+        return dict(LastAttemptSerializer(job).data)
 
 
 class JobLinksSerializer(JobSummarySerializer):

@@ -2,7 +2,13 @@
 every push attempt, what monitoring reads, and dead-letter actions. Every caller and migration
 imports them from here (`from jobs.models import Job`)."""
 
-from jobs.models.attempt import CLOCK_ALLOWANCE, DeliveryAttempt, attempts_of_outer_job, delete_jobs
+from jobs.models.attempt import (
+    CLOCK_ALLOWANCE,
+    DeliveryAttempt,
+    attempts_of_outer_job,
+    delete_jobs,
+    with_last_attempt,
+)
 from jobs.models.dead_letter import DeadLetterAction
 
 # requeue_changes: what a requeue writes, which jobs/queue/dead_jobs.py's batches write too.
@@ -29,4 +35,5 @@ __all__ = [
     "job_public_id",
     "named_by",
     "requeue_changes",
+    "with_last_attempt",
 ]

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import models, transaction
-from django.db.models import OuterRef
+from django.db.models import OuterRef, Subquery
 
 from jobs.models.job import Job
 
@@ -84,6 +84,18 @@ def attempts_of_outer_job() -> models.QuerySet[DeliveryAttempt]:
     return DeliveryAttempt.objects.filter(
         job=OuterRef("pk"), started_at__gte=OuterRef("created_at") - CLOCK_ALLOWANCE
     )
+
+
+LAST_ATTEMPT_FIELDS = ("attempt_number", "started_at", "duration_ms", "status_code", "error_class")
+
+
+def with_last_attempt(jobs: models.QuerySet[Job]) -> models.QuerySet[Job]:
+    """The jobs, each annotated `last_<field>` of its latest attempt (None before its first),
+    for the few jobs of one message: a subquery per field, each reading the attempt partitions
+    since the job was created."""
+    latest = attempts_of_outer_job().order_by("-started_at", "-pk")
+    fields = {f"last_{name}": Subquery(latest.values(name)[:1]) for name in LAST_ATTEMPT_FIELDS}
+    return jobs.annotate(**fields)
 
 
 def delete_jobs(jobs: models.QuerySet[Job]) -> int:

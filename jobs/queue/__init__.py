@@ -37,7 +37,13 @@ from jobs.queue import outcomes as outcomes_module
 from jobs.queue.expiry import expire_old_jobs, restart_age
 from jobs.queue.leases import sweep_expired_leases, take_for_pull, with_readable_payloads
 from jobs.queue.outcomes import release_unsent
-from jobs.queue.reports import PULL_FAILED, extend_leases, held_report, report_pull_outcomes
+from jobs.queue.reports import (
+    PULL_FAILED,
+    LeaseRequest,
+    extend_leases,
+    held_report,
+    report_pull_outcomes,
+)
 from jobs.queue.rules import lease_expiry
 from jobs.queue.types import (
     ClaimedJob,
@@ -64,6 +70,7 @@ __all__ = [
     "Inserted",
     "InsertedBatch",
     "JobKey",
+    "LeaseRequest",
     "MessageBatch",
     "NewMessage",
     "OutcomeReport",

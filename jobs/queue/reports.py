@@ -85,6 +85,9 @@ def report_pull_outcomes(
             if job is None or job.status != INFLIGHT:
                 results.append(_unmoved(report, job))
                 continue
+            if _claimed_again(job, report.attempts):
+                results.append(_fenced(report.job_id, job))
+                continue
             move = _move(job, report, consumer, now)
             job.status = move.target  # a later report on the job sees where this one left it
             moves.append(move)
@@ -95,25 +98,36 @@ def report_pull_outcomes(
     return results
 
 
-def extend_leases(consumer: Consumer, leases: Sequence[tuple[str, datetime]]) -> list[ReportResult]:
-    """Each (job ID, new end of its lease) the consumer asks for: the job's lease ends then if it
-    is still INFLIGHT (a lease that ran out and was not swept yet included). A result per lease,
-    in their order: INFLIGHT when extended, the job's state with why not, or None for a job
-    that is not the consumer's."""
+@dataclass(frozen=True)
+class LeaseRequest:
+    """A pull worker's ask to move the end of a job's lease; `attempts` as in OutcomeReport."""
+
+    job_id: str
+    until: datetime
+    attempts: int | None = None
+
+
+def extend_leases(consumer: Consumer, leases: Sequence[LeaseRequest]) -> list[ReportResult]:
+    """Each lease asked for ends at its new time if the job is still INFLIGHT under the same
+    claim (a lease that ran out and was not swept yet included). A result per lease, in their
+    order: INFLIGHT when extended, the job's state with why not, or None for a job that is not
+    the consumer's."""
     results: list[ReportResult] = []
     extended: dict[int, datetime] = {}
     with transaction.atomic():
-        jobs = _locked(consumer, [job_id for job_id, _ in leases])
-        for job_id, until in leases:
-            job = jobs.get(job_id)
-            if job is not None and job.status == INFLIGHT:
-                extended[job.pk] = until
-                results.append(ReportResult(job_id, INFLIGHT))
-            elif job is None:
-                results.append(ReportResult(job_id, None))
-            else:
+        jobs = _locked(consumer, [lease.job_id for lease in leases])
+        for lease in leases:
+            job = jobs.get(lease.job_id)
+            if job is None:
+                results.append(ReportResult(lease.job_id, None))
+            elif job.status != INFLIGHT:
                 why = f"The job is {job.status}: its lease ran out before it was extended."
-                results.append(ReportResult(job_id, JobStatus(job.status), why))
+                results.append(ReportResult(lease.job_id, JobStatus(job.status), why))
+            elif _claimed_again(job, lease.attempts):
+                results.append(_fenced(lease.job_id, job))
+            else:
+                extended[job.pk] = lease.until
+                results.append(ReportResult(lease.job_id, INFLIGHT))
         if extended:
             postgres_pull.extend_leases(list(extended), list(extended.values()))
     return results
@@ -137,6 +151,21 @@ def held_report(job_id: str, consumer: Consumer, held: HeldRow) -> PullReport:
     return PullReport(
         job_id, message_id, channel, consumer.public_id, attempts, taken_at, traceparent, tracestate
     )
+
+
+def _claimed_again(job: _Held, attempts: int | None) -> bool:
+    """Whether the worker names an earlier claim of the job than the one that holds it now: its
+    lease ran out, the sweep gave the job back, and it was claimed again (each claim counts an
+    attempt, and a job is INFLIGHT with as many as its claim gave it)."""
+    return attempts is not None and attempts != job.report.attempt
+
+
+def _fenced(job_id: str, job: _Held) -> ReportResult:
+    why = (
+        f"The job was claimed again since: it is at attempt {job.report.attempt} now (its lease"
+        " ran out and the sweep gave it back); another worker may hold it."
+    )
+    return ReportResult(job_id, INFLIGHT, why, claimed_again=True)
 
 
 def _unmoved(report: OutcomeReport, job: _Held | None) -> ReportResult:

@@ -186,6 +186,8 @@ class OutcomeReport:
     backoff: bool = False
     # QUEUED only, False: the worker never started the job; the claim's attempt is given back.
     attempted: bool = True
+    # The job's attempts as the worker's claim gave them: the report is for that claim only.
+    attempts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,7 @@ class ReportResult:
     job_id: str
     state: JobStatus | None
     refused: str = ""
+    claimed_again: bool = False  # refused: the job was claimed again since the worker's claim
 
 
 @dataclass(frozen=True)

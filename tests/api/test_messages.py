@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import base64
+from datetime import timedelta
 
 import pytest
 
 from broker import publish
-from jobs.models import Job
+from jobs.models import DeliveryAttempt, Job
 from jobs.states import DEAD
 from tests.helpers import make_consumer
 
@@ -41,6 +42,37 @@ def test_a_message_with_its_jobs(admin_client, channel):
     assert jobs["Billing"]["LastError"] == "HTTP 500"
     assert jobs["Billing"]["ListenerEndpoint"] == billing.callback_url
     assert jobs["Audit"]["Status"] == "QUEUED"
+
+
+def test_each_job_shows_its_last_attempt(admin_client, channel, django_assert_max_num_queries):
+    billing = make_consumer(channel, "billing")
+    make_consumer(channel, "audit")
+    publish(channel, b"{}", producer="shop", message_id="order-2")
+    job = Job.objects.get(consumer=billing)
+    started = job.created_at + timedelta(seconds=1)
+    for number, (status_code, error_class) in enumerate([(None, "timeout"), (503, "")], 1):
+        DeliveryAttempt.objects.create(
+            job=job,
+            attempt_number=number,
+            started_at=started + timedelta(seconds=number),
+            duration_ms=12.5 * number,
+            status_code=status_code,
+            error_class=error_class,
+            dispatcher_id="d1",
+        )
+
+    with django_assert_max_num_queries(6):  # auth, message, its jobs with their last attempts
+        body = admin_client.get("/channel/orders/message/order-2").json()
+
+    jobs = {job["ListenerName"]: job for job in body["Jobs"]}
+    assert jobs["Billing"]["LastAttempt"] == {
+        "Number": 2,
+        "StartedAt": (started + timedelta(seconds=2)).isoformat().replace("+00:00", "Z"),
+        "DurationMs": 25.0,
+        "StatusCode": 503,
+        "ErrorClass": "",
+    }
+    assert jobs["Audit"]["LastAttempt"] is None  # not attempted yet
 
 
 def test_binary_payloads_are_base64(admin_client, channel):

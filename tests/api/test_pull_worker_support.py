@@ -172,7 +172,7 @@ def test_extend_answers_each_job_as_a_report_would(client, worker, schedule, cha
         ({"Jobs": [{"ID": "a", "Timeout": 1.5}]}, "Jobs[0].Timeout must be 1 to 86400 seconds."),
         (
             {"Jobs": [{"ID": "a", "Timeout": 5}, {"id": "a", "timeout": 6}]},
-            "Jobs names the same job twice.",
+            "Jobs[1] names the same job as Jobs[0].",
         ),
     ],
 )
@@ -195,3 +195,58 @@ def test_extend_needs_the_consumers_tokens(client, worker):
     )
 
     assert response.status_code == 401
+
+
+def test_attempts_fence_a_report_and_an_extension_to_the_claim_they_name(client, worker, schedule):
+    """Worker A's lease ran out (an outage), the sweep gave the job back and worker B claimed it:
+    A's report and extension, naming A's claim by its Attempts, change nothing of B's."""
+    with time_machine.travel(T0, tick=False) as traveller:
+        job = job_for(worker)  # A's claim: attempt 1
+        traveller.shift(33)
+        assert sweep_expired_leases() == 1
+        assert [taken["Attempts"] for taken in claim(client)] == [2]  # B's claim
+        b_lease = snapshot(job)["lease_expires_at"]
+
+        reported = report(client, item(job, QUEUED, Attempts=1, Error="A gives up"))
+        extended = extend_attempts(client, job, seconds=600, attempts=1)
+
+        fenced = (
+            "The job was claimed again since: it is at attempt 2 now (its lease ran out and"
+            " the sweep gave it back); another worker may hold it."
+        )
+        for response in (reported, extended):
+            assert response.json()["Result"] == [
+                {"ID": job.public_id, "Status": 409, "State": INFLIGHT, "Error": fenced}
+            ]
+        row = snapshot(job)
+        assert (row["status"], row["attempts"], row["lease_expires_at"]) == (INFLIGHT, 2, b_lease)
+        assert row["last_error"] != "given back by the pull consumer: A gives up"
+        # B names its own claim: both apply.
+        assert (
+            extend_attempts(client, job, seconds=60, attempts=2).json()["Result"][0]["Status"]
+            == 202
+        )
+        response = report(client, item(job, DELIVERED, Attempts=2))
+    assert response.json()["Result"] == [{"ID": job.public_id, "Status": 202, "State": DELIVERED}]
+
+
+def extend_attempts(client, job: Job, seconds: int, attempts: int):
+    body = {"Jobs": [{"ID": job.public_id, "Timeout": seconds, "Attempts": attempts}]}
+    return send(client, body, url=EXTEND_URL)
+
+
+@pytest.mark.parametrize("attempts", [0, -1, "1", 1.0, True])
+def test_attempts_that_name_no_claim_are_400(client, worker, attempts):
+    job = job_for(worker)
+    problem = "Jobs[0].Attempts must be a whole number from 1: the job's Attempts as claimed."
+
+    reported = report(client, item(job, DELIVERED, Attempts=attempts))
+    extended = send(
+        client,
+        {"Jobs": [{"ID": job.public_id, "Timeout": 5, "Attempts": attempts}]},
+        url=EXTEND_URL,
+    )
+
+    for response in (reported, extended):
+        assert (response.status_code, response.json()) == (400, {"Error": problem})
+    assert status_of(job) == INFLIGHT

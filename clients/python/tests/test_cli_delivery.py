@@ -80,6 +80,7 @@ def test_messages_get_shows_each_consumer_s_job(
         job for job in json.loads(delivered.stdout)["Jobs"] if job["ListenerName"] == "billing"
     ]
     assert [job["Status"] for job in billing] == ["DELIVERED"]
+    assert billing[0]["LastAttempt"]["StatusCode"] == 200  # what the receiver answered
     assert receiver.bodies == [b'{"order": 42}']
     # A state the job never reaches: exit 1 once --timeout is over, saying what was awaited.
     never = run_process(broker, *waited, "--status", "DEAD", "--timeout", "1")

@@ -795,6 +795,8 @@ export interface components {
             Result: components["schemas"]["ExtendedJobResult"][];
         };
         ExtendedJobRequest: {
+            /** @description the job's Attempts as the claim gave them: when given, only that claim's lease is extended (409 for this job once it was claimed again) */
+            Attempts?: number;
             /** @description the job's ID, as claim gave it */
             ID: string;
             /** @description the lease ends this many s from now */
@@ -811,7 +813,7 @@ export interface components {
             LeaseExpiresAt?: string;
             /** @description the job's state now (not on 404) */
             State?: string;
-            /** @description 202, 404 or 400, as POST …/job/{j} would answer */
+            /** @description 202, 404 or 400, as POST …/job/{j} would answer; 409 when the item's Attempts names an earlier claim */
             Status: number;
         };
         ItemError: {
@@ -840,16 +842,17 @@ export interface components {
             /** Format: date-time */
             StatusChangedAt: string;
         };
-        /** @description A job as listed with its message: webhook-broker's fields plus extensions. */
-        JobSummary: {
-            Attempts: number;
-            ID: string;
-            LastError: string;
-            ListenerEndpoint: string;
-            ListenerName: string;
-            Status: string;
+        /** @description A job's latest delivery attempt (push consumers; pull consumers' jobs have none). */
+        LastAttempt: {
+            /** Format: double */
+            DurationMs: number;
+            /** @description what went wrong without an answer; empty otherwise */
+            ErrorClass: string;
+            Number: number;
             /** Format: date-time */
-            StatusChangedAt: string;
+            StartedAt: string;
+            /** @description null: no answer */
+            StatusCode: number | null;
         };
         ListResult: {
             Pages: components["schemas"]["Pages"];
@@ -876,7 +879,7 @@ export interface components {
                 [key: string]: string;
             };
             ID: string;
-            Jobs: components["schemas"]["JobSummary"][];
+            Jobs: components["schemas"]["MessageJob"][];
             readonly Payload: string | null;
             readonly PayloadEncoding: string | null;
             /** @description payload-missing */
@@ -889,6 +892,21 @@ export interface components {
             /** Format: date-time */
             ScheduledFor: string | null;
             Status: string;
+        };
+        /**
+         * @description A job in its message's answer, with its latest attempt (extension; null before the first):
+         *     read from jobs annotated by jobs.models.with_last_attempt.
+         */
+        MessageJob: {
+            Attempts: number;
+            ID: string;
+            readonly LastAttempt: components["schemas"]["LastAttempt"] | null;
+            LastError: string;
+            ListenerEndpoint: string;
+            ListenerName: string;
+            Status: string;
+            /** Format: date-time */
+            StatusChangedAt: string;
         };
         MessagesStatus: {
             counts: {
@@ -1078,6 +1096,8 @@ export interface components {
         ReportedJobRequest: {
             /** @description QUEUED only, false: the worker never started the job; the attempt the claim counted is taken back (default true) */
             Attempted?: boolean;
+            /** @description the job's Attempts as the claim gave them: when given, the report applies only to that claim (409 for this job once it was claimed again) */
+            Attempts?: number;
             /** @description QUEUED only, true: due again after the consumer's retry delay for the attempt it used (its RetryDelays, as a failed push delivery), instead of IncrementalTimeout */
             Backoff?: boolean;
             /** @description DEAD or QUEUED only: why, kept in the job's LastError */
@@ -1094,7 +1114,7 @@ export interface components {
             ID: string;
             /** @description the job's state now (not on 404) */
             State?: string;
-            /** @description 202, 404 or 400, as POST …/job/{j} would answer */
+            /** @description 202, 404 or 400, as POST …/job/{j} would answer; 409 when the item's Attempts names an earlier claim */
             Status: number;
         };
         RequeueFormRequest: {

@@ -14,8 +14,8 @@ from webhook_broker_client.models import (
     DeadJob,
     DlqAction,
     DlqResult,
-    JobSummary,
     Message,
+    MessageJob,
     MessagesStatus,
     PeriodicMessage,
     Replay,
@@ -57,8 +57,8 @@ class MessageCalls(AdminBase):
         result: Message = self._get(path("channel", channel_id, "message", message_id))
         return result
 
-    def message_jobs(self, channel_id: str, message_id: str) -> list[JobSummary]:
-        """A message's jobs: each consumer's status, attempts and last error."""
+    def message_jobs(self, channel_id: str, message_id: str) -> list[MessageJob]:
+        """A message's jobs: each consumer's status, attempts, last error and last attempt."""
         return self.get_message(channel_id, message_id)["Jobs"]
 
     def messages(self, channel_id: str, status: str | Sequence[str] | None = None) -> Iterator[str]:

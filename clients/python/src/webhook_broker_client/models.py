@@ -68,6 +68,20 @@ class JobSummary(TypedDict):
     LastError: str
 
 
+class LastAttempt(TypedDict):
+    """A job's latest delivery attempt, as its message lists it."""
+
+    Number: int
+    StartedAt: str
+    DurationMs: float
+    StatusCode: int | None  # None: no answer (ErrorClass says why)
+    ErrorClass: str
+
+
+class MessageJob(JobSummary):
+    LastAttempt: LastAttempt | None  # None before the first attempt, and for pull consumers
+
+
 class DeadJob(JobSummary):
     Priority: int
     LeaseExpiresAt: str | None
@@ -93,7 +107,7 @@ class Message(TypedDict):
     EventType: str | None
     Status: str
     Headers: dict[str, str]
-    Jobs: list[JobSummary]
+    Jobs: list[MessageJob]
 
 
 class ScheduledMessage(TypedDict):

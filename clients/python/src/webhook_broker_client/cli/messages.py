@@ -14,7 +14,7 @@ from webhook_broker_client.cli.output import emit, error, fields_of, record, tab
 from webhook_broker_client.cli.resources import first, limit_option
 from webhook_broker_client.cli.settings import admin_client
 from webhook_broker_client.errors import NotFound
-from webhook_broker_client.models import Message
+from webhook_broker_client.models import Message, MessageJob
 
 MESSAGE_FIELDS = [
     "ID",
@@ -37,9 +37,17 @@ def clipped(value: object) -> object:
     return f"{text[:PAYLOAD_SHOWN]}… ({len(text)} characters; --json shows it whole)"
 
 
-# A job's last attempt, as the API shows it: the attempts made, when the job last changed
-# state, and the last attempt's error (the API has no attempt-by-attempt history).
 JOB_COLUMNS = ["ListenerName", "ID", "Status", "Attempts", "StatusChangedAt", "LastError"]
+
+
+def last_attempt(job: MessageJob) -> str:
+    """`#2 at 2026-…Z: HTTP 503 in 25 ms`, or `#1 at …: timeout in 30000 ms`; empty before one."""
+    attempt = job.get("LastAttempt")
+    if not attempt:
+        return ""
+    answer = f"HTTP {attempt['StatusCode']}" if attempt["StatusCode"] else attempt["ErrorClass"]
+    took = f"{attempt['DurationMs']:.0f} ms"
+    return f"#{attempt['Number']} at {attempt['StartedAt']}: {answer} in {took}"
 
 
 @click.group()
@@ -67,8 +75,10 @@ def show_message(message: Message) -> None:
             if name != "Jobs"
         ]
         out.print(record(f"message {message['ID']}", fields))
-        rows = ([job.get(name) for name in JOB_COLUMNS] for job in message["Jobs"])
-        out.print(table("jobs", ["Consumer", *JOB_COLUMNS[1:]], rows))
+        rows = (
+            [*(job.get(name) for name in JOB_COLUMNS), last_attempt(job)] for job in message["Jobs"]
+        )
+        out.print(table("jobs", ["Consumer", *JOB_COLUMNS[1:], "LastAttempt"], rows))
 
     emit(message, human)
 
