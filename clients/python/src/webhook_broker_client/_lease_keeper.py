@@ -3,9 +3,10 @@
 A claim leases its jobs for `lease_seconds`. A thread of its own (so that a long poll or a report
 retried through a broker restart never delays it) wakes every quarter lease and extends, in one
 `POST …/extend`, every held job whose lease has half or less left: each then ends a full lease
-from now. A job the broker says is no longer INFLIGHT was swept back when its lease ran out
-(another worker may have it now): a waiting one is dropped, a running one is warned about and
-its outcome will be dropped.
+from now. Each extension is fenced by the job's `Attempts` as claimed. A job the broker says is
+no longer INFLIGHT was swept back when its lease ran out, and one answered 409 was claimed again
+since (another worker may have it now): either way the job is no longer the worker's; a waiting
+one is dropped, a running one is warned about and its outcome will be dropped.
 
 A handler running longer than `job_timeout` is taken for hung: its job's lease is no longer
 extended, so the broker takes the job back when the lease ends and counts the attempt (a job
@@ -71,7 +72,8 @@ class LeaseKeeper:
     def _extend(self, claims: list[Claim]) -> None:
         asked_at = time.monotonic()
         try:
-            results = self.consumer.extend([claim.job.id for claim in claims], self.lease_seconds)
+            fenced = [(claim.job.id, claim.job.attempts) for claim in claims]
+            results = self.consumer.extend(fenced, self.lease_seconds)
         except BrokerError as error:
             LOG.warning("could not extend the leases of %d jobs: %s", len(claims), error)
             return

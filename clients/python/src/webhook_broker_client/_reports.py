@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from webhook_broker_client._held_jobs import LOG, Outcome
+from webhook_broker_client._held_jobs import LOG, Claim, Outcome
 from webhook_broker_client.errors import BrokerError
 
 
 def report_items(outcomes: list[Outcome]) -> list[dict[str, Any]]:
-    """The report's items, in the order of `outcomes`."""
-    return [outcome.item for outcome in outcomes]
+    """The report's items, in the order of `outcomes`, each fenced by its claim's `Attempts`:
+    should the job have been claimed again since (this worker's lease ran out while it could not
+    reach the broker), the broker answers that item 409 and leaves the new claim alone."""
+    return [_fenced(outcome.item, outcome.claim) for outcome in outcomes]
+
+
+def _fenced(item: dict[str, Any], claim: Claim | None) -> dict[str, Any]:
+    if claim is None or claim.job.attempts < 1:
+        return item
+    return {**item, "Attempts": claim.job.attempts}
 
 
 def log_refused(outcomes: list[Outcome], error: BrokerError) -> None:
