@@ -19,6 +19,11 @@ from webhook_broker_client import Job
 LOGGER = "webhook_broker_client.worker"
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
 def test_errors_the_broker_cannot_store_do_not_lose_the_batch(broker: Broker) -> None:
     pull = pull_consumer(broker, retry_delays="3600")  # a retried job is not due for an hour
     message_ids = pull.publish(8)
@@ -26,6 +31,7 @@ def test_errors_the_broker_cannot_store_do_not_lose_the_batch(broker: Broker) ->
         message_ids[1]: ValueError("bad\x00byte"),
         message_ids[4]: ValueError("x" * 5000),
         message_ids[6]: ValueError("lone \ud800 surrogate"),
+        message_ids[7]: Unprintable(),
     }
     handled: list[str] = []
 
@@ -44,6 +50,7 @@ def test_errors_the_broker_cannot_store_do_not_lose_the_batch(broker: Broker) ->
     assert "ValueError: xxx" in jobs[message_ids[4]]["LastError"]
     assert jobs[message_ids[4]]["LastError"].endswith("x\u2026")
     assert "lone \\ud800 surrogate" in jobs[message_ids[6]]["LastError"]
+    assert "Unprintable: (its text could not be read)" in jobs[message_ids[7]]["LastError"]
 
 
 def test_a_refused_report_is_sent_again_one_by_one(

@@ -107,6 +107,12 @@ class HeldJobs:
                 if claim is not None and self.kept.get(claim.job.id) is claim:
                     del self.kept[claim.job.id]
 
+    def busy(self) -> list[Claim]:
+        """The running claims still the worker's (a handler given up past job_timeout is not
+        waited for: its outcome would be dropped anyway)."""
+        with self.changed:
+            return [claim for claim in self.running if claim.ours]
+
     def stop_starting(self) -> None:
         """No job starts from now on (the handler threads end once their jobs are done)."""
         with self.changed:

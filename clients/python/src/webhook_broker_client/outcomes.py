@@ -151,7 +151,11 @@ def report_item(job_id: str, outcome: BaseException | None) -> dict[str, Any]:
         return dead(job_id, outcome.reason)
     if isinstance(outcome, Defer):
         return given_back_unstarted(job_id, outcome.delay)
-    return retried(job_id, None, f"{type(outcome).__name__}: {outcome}")
+    try:
+        text = str(outcome)
+    except Exception:  # a broken __str__ must not cost the job its outcome
+        text = "(its text could not be read)"
+    return retried(job_id, None, f"{type(outcome).__name__}: {text}")
 
 
 def whole_seconds(delay: float) -> int:

@@ -351,10 +351,10 @@ class _Loop:
         LOG.info(
             "stopping: %d jobs given back unstarted, %d handlers finishing",
             len(unstarted),
-            len(held.running),
+            len(held.busy()),
         )
         deadline = time.monotonic() + self.worker.grace_seconds
-        while (held.running or held.pending) and time.monotonic() < deadline:
+        while (held.busy() or held.pending) and time.monotonic() < deadline:
             if held.pending and time.monotonic() >= self.flush_not_before:
                 self._flush()
                 continue
@@ -364,12 +364,12 @@ class _Loop:
         if held.pending:  # a handler finished at the deadline, or the broker was failing
             self.flush_not_before = 0.0
             self._flush()
-        if held.running:
+        if held.busy():
             LOG.warning(
                 "stopped with handlers still running after the %s s grace; their jobs come back"
                 " when their leases end: %s",
                 self.worker.grace_seconds,
-                ", ".join(claim.job.id for claim in held.running),
+                ", ".join(claim.job.id for claim in held.busy()),
             )
         if held.pending:
             LOG.error(
