@@ -113,7 +113,8 @@ class Worker:
         """Handle jobs until stopped; returns once handlers finished and outcomes are reported.
 
         Raises a BrokerError only for a refusal that trying again cannot fix (wrong tokens, an
-        unknown channel or consumer, not a pull consumer), after stopping as on `stop()`.
+        unknown channel or consumer, not a pull consumer), after stopping as on `stop()`; any
+        other error of the loop (an answer that is not the broker's JSON) likewise.
         """
         held = HeldJobs(self.concurrency, self.prefetch)
         with held.changed:
