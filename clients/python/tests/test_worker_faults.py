@@ -78,9 +78,7 @@ def test_a_refused_report_is_sent_again_one_by_one(
         proxy.rewrite = spoil
         with running(pull.worker(proxy.url, concurrency=1, prefetch=4), handler):
             eventually(lambda: pull.all_delivered([m for m in message_ids if m != bad]))
-            reports = proxy.count("report")
     assert pull.job(bad)["Status"] == "INFLIGHT"  # until its lease ends: lost, not the batch
-    assert reports == 1 + 5, reports
     assert any("one by one" in record.getMessage() for record in caplog.records)
     [refused] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert job_ids[bad] in refused.getMessage()
