@@ -8,7 +8,9 @@ script is used up:
 - "reset": close the connection without answering;
 - "throttle": answer 429 with Retry-After: 0, without asking the broker;
 - "unavailable:N": answer 503 with Retry-After: N, without asking the broker (as the broker
-  does while its database is down).
+  does while its database is down);
+- "garbage": answer 200 with an HTML page, as a misconfigured proxy might, without asking the
+  broker.
 Every request is recorded (method, path, headers) so a test can show what each try sent.
 """
 
@@ -54,6 +56,9 @@ def _handler(script: Script, upstream: str) -> type[BaseHTTPRequestHandler]:
             if step.startswith("unavailable:"):
                 seconds = step.partition(":")[2]
                 self._answer(503, {"Retry-After": seconds}, b'{"Error": "database unavailable"}')
+                return
+            if step == "garbage":
+                self._answer(200, {"Content-Type": "text/html"}, b"<html>a proxy</html>")
                 return
             if step == "fail":
                 self._answer(503, {"Content-Type": "application/json"}, b'{"Error": "try again"}')

@@ -1,7 +1,8 @@
 """A tiny HTTP proxy on 127.0.0.1 that forwards every request to the broker and counts them by
 the last part of their path (`claim`, `report`, `extend`), so a test can see what the worker
 sent on the wire. Claims that returned no job are also counted as `claim:empty`. Setting `down`
-makes it answer 503 to everything meanwhile (counted as `claim:refused`, ...)."""
+makes it answer 503 to everything meanwhile (counted as `claim:refused`, ...); `rewrite`, when set,
+changes each request's body on its way to the broker (given what it is and the body)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import threading
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -24,6 +25,7 @@ class RecordingProxy:
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.down = False  # while True: every request is answered 503, as by a broker restarting
+        self.rewrite: Callable[[str, bytes], bytes] | None = None
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -51,6 +53,8 @@ class RecordingProxy:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if proxy.rewrite is not None and body is not None:
+                    body = proxy.rewrite(what, body)
                 upstream = http.client.HTTPConnection(proxy.target_host, proxy.target_port, 60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 upstream.request(self.command, self.path, body, headers)

@@ -60,3 +60,23 @@ def test_wrong_tokens_are_refused(broker: Broker) -> None:
         pytest.raises(Unauthorized),
     ):
         consumer.claim(1)
+
+
+def test_attempts_fence_report_and_extend_to_the_claim(broker: Broker) -> None:
+    pull = pull_consumer(broker)
+    [message_id] = pull.publish(1)
+    with PullConsumer(broker.url, pull.channel, pull.consumer, TOKEN, TOKEN) as consumer:
+        [job] = consumer.claim(1, lease_seconds=30).jobs
+        job_id, attempts = job["ID"], job["Attempts"]
+        [kept] = consumer.extend([(job_id, attempts)], 60)
+        assert kept["Status"] == 202
+        # Another claim's Attempts neither extends nor moves the job.
+        [stale] = consumer.extend([(job_id, attempts + 1)], 60)
+        assert (stale["Status"], stale["State"]) == (409, "INFLIGHT")
+        assert "claimed again" in stale["Error"]
+        [refused] = consumer.report([{"ID": job_id, "NextState": "DELIVERED", "Attempts": 2}])
+        assert refused["Status"] == 409
+        assert pull.job(message_id)["Status"] == "INFLIGHT"
+        [done] = consumer.report([{"ID": job_id, "NextState": "DELIVERED", "Attempts": attempts}])
+        assert done["Status"] == 202
+    assert pull.job(message_id)["Status"] == "DELIVERED"

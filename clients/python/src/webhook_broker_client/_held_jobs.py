@@ -3,7 +3,12 @@
 A job is held from the claim that took it until the report of its outcome succeeds: first
 waiting (claimed, not started), then running (a handler thread has it), then pending (its
 outcome is known, its report not sent yet). It is INFLIGHT at the broker all that time, so its
-lease is kept (`leases`) in all three states.
+lease is kept (`kept`) in all three states.
+
+Each claim of a job is a `Claim` of its own, compared by identity: a job whose lease was lost
+(or given up past `job_timeout`) may be claimed again by this very worker while its first
+handler still runs, and the two must never be taken for each other. A claim that is no longer
+`ours` gets no lease extension and its outcome is dropped, never reported.
 
 One condition variable guards everything. Handler threads wake the loop only when it may have
 something to do (room to claim, everything finished, a full report), so a batch of quick jobs
@@ -17,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook_broker_client.outcomes import Defer, Job, Reject, Retry, report_item
 
@@ -29,17 +34,37 @@ MAX_BATCH = 500
 Handler = Callable[[Job], object]
 
 
+class Claim:
+    """One claim of a job by this worker: the job as claimed (its `attempts` fence the claim at
+    the broker), the end of its lease, and whether the job is still the worker's."""
+
+    __slots__ = ("job", "lease_ends", "ours", "started_at")
+
+    def __init__(self, job: Job, lease_ends: float) -> None:
+        self.job = job
+        self.lease_ends = lease_ends
+        self.started_at: float | None = None  # monotonic, once a handler took it
+        self.ours = True
+
+
+class Outcome(NamedTuple):
+    """A report item waiting to be sent, and the claim it ends (None: a job never held)."""
+
+    claim: Claim | None
+    item: dict[str, Any]
+
+
 class HeldJobs:
     def __init__(self, concurrency: int, prefetch: int) -> None:
         # Reentrant: stop() may run in a signal handler on a thread that holds the lock.
         self.changed = threading.Condition(threading.RLock())
         self.concurrency = concurrency
         self.capacity = concurrency + prefetch
-        self.waiting: deque[Job] = deque()
-        self.running: dict[str, Job] = {}
-        self.pending: list[dict[str, Any]] = []  # report items not sent yet
+        self.waiting: deque[Claim] = deque()
+        self.running: set[Claim] = set()  # a hung handler's claim stays here, given up or not
+        self.pending: list[Outcome] = []  # report items not sent yet
         self.pending_since = 0.0  # monotonic time the oldest of them was added
-        self.leases: dict[str, float] = {}  # job ID -> monotonic end of its lease
+        self.kept: dict[str, Claim] = {}  # job ID -> the claim whose lease the worker keeps
         self.stopping = False
 
     # --- the loop ---------------------------------------------------------------------------
@@ -51,94 +76,138 @@ class HeldJobs:
     def add_claimed(self, jobs: Iterable[Job], lease_ends: float) -> None:
         with self.changed:
             for job in jobs:
-                self.leases[job.id] = lease_ends
-                self.waiting.append(job)
+                claim = Claim(job, lease_ends)
+                self.kept[job.id] = claim
+                self.waiting.append(claim)
             self.changed.notify_all()
 
-    def add_outcome(self, item: dict[str, Any]) -> None:
-        """An outcome decided without a handler (a job whose payload is gone)."""
+    def add_outcome(self, item: dict[str, Any], claim: Claim | None = None) -> None:
+        """An outcome decided without a handler (unstarted at stop, or its payload gone)."""
         with self.changed:
-            self._pend(item)
+            self._pend(Outcome(claim, item))
 
-    def take_outcomes(self) -> list[dict[str, Any]]:
+    def take_outcomes(self) -> list[Outcome]:
         with self.changed:
-            items, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
+            outcomes, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
             if self.pending:
                 self.pending_since = time.monotonic()
-            return items
+            return outcomes
 
-    def put_back_outcomes(self, items: list[dict[str, Any]]) -> None:
+    def put_back_outcomes(self, outcomes: list[Outcome]) -> None:
         """A report that failed: its outcomes wait for the next one, first in line."""
         with self.changed:
             if not self.pending:
                 self.pending_since = time.monotonic()
-            self.pending[:0] = items
+            self.pending[:0] = outcomes
 
-    def release(self, job_ids: Iterable[str]) -> None:
+    def release(self, outcomes: Iterable[Outcome]) -> None:
         """Reported: no longer held, no lease to keep."""
         with self.changed:
-            for job_id in job_ids:
-                self.leases.pop(job_id, None)
+            for claim, _ in outcomes:
+                if claim is not None and self.kept.get(claim.job.id) is claim:
+                    del self.kept[claim.job.id]
 
-    def begin_stop(self) -> list[Job]:
-        """No job starts from now on; the jobs waiting are returned, to be given back."""
+    def busy(self) -> list[Claim]:
+        """The running claims still the worker's (a handler given up past job_timeout is not
+        waited for: its outcome would be dropped anyway)."""
+        with self.changed:
+            return [claim for claim in self.running if claim.ours]
+
+    def stop_starting(self) -> None:
+        """No job starts from now on (the handler threads end once their jobs are done)."""
         with self.changed:
             self.stopping = True
+            self.changed.notify_all()
+
+    def begin_stop(self) -> list[Claim]:
+        """No job starts from now on; the jobs waiting are returned, to be given back."""
+        with self.changed:
+            self.stop_starting()
             unstarted = list(self.waiting)
             self.waiting.clear()
-            self.changed.notify_all()
             return unstarted
 
     # --- the lease keeper -------------------------------------------------------------------
 
-    def leases_ending_before(self, moment: float) -> list[str]:
+    def leases_ending_before(self, moment: float) -> list[Claim]:
         with self.changed:
-            return [job_id for job_id, ends in self.leases.items() if ends <= moment]
+            return [claim for claim in self.kept.values() if claim.lease_ends <= moment]
 
-    def extended(self, job_ids: Iterable[str], lease_ends: float) -> None:
+    def extended(self, claims: Iterable[Claim], lease_ends: float) -> None:
         with self.changed:
-            for job_id in job_ids:
-                if job_id in self.leases:
-                    self.leases[job_id] = lease_ends
+            for claim in claims:
+                claim.lease_ends = lease_ends
 
-    def lost(self, job_id: str) -> str | None:
-        """The broker took the job back (its lease ran out): forget it. Returns what the worker
-        was doing with it, "waiting" or "running" (worth a warning), or None (already done)."""
+    def give_up_started_before(self, moment: float) -> list[Claim]:
+        """Running claims whose handler started before `moment` (past `job_timeout`): their
+        leases are no longer kept, so the broker takes the jobs back, counting the attempt."""
         with self.changed:
-            if self.leases.pop(job_id, None) is None:
+            overdue = [
+                claim
+                for claim in self.running
+                if claim.ours and claim.started_at is not None and claim.started_at < moment
+            ]
+            for claim in overdue:
+                self._forget(claim)
+            return overdue
+
+    def lost(self, claim: Claim) -> str | None:
+        """The broker took the job back (its lease ran out, or it was claimed again since):
+        forget it. Returns what the worker was doing with it, "waiting", "running" or "done"
+        (an outcome not reported yet, now dropped), or None (already reported)."""
+        with self.changed:
+            if self.kept.get(claim.job.id) is not claim:
                 return None
-            if job_id in self.running:
+            self._forget(claim)
+            if claim in self.running:
                 return "running"
-            for job in self.waiting:
-                if job.id == job_id:
-                    self.waiting.remove(job)
-                    return "waiting"
-            return None  # its outcome is pending: the report will say what became of it
+            if claim in self.waiting:
+                self.waiting.remove(claim)
+                self.changed.notify_all()  # room to claim
+                return "waiting"
+            before = len(self.pending)
+            self.pending = [outcome for outcome in self.pending if outcome.claim is not claim]
+            return "done" if len(self.pending) < before else None
+
+    def _forget(self, claim: Claim) -> None:
+        claim.ours = False
+        if self.kept.get(claim.job.id) is claim:
+            del self.kept[claim.job.id]
 
     # --- the handler threads ----------------------------------------------------------------
 
-    def next_job(self) -> Job | None:
+    def next_job(self) -> Claim | None:
         """The next job to run, once there is one; None when the worker stops."""
         with self.changed:
             while not self.waiting and not self.stopping:
                 self.changed.wait()
             if self.stopping:
                 return None
-            job = self.waiting.popleft()
-            self.running[job.id] = job
+            claim = self.waiting.popleft()
+            claim.started_at = time.monotonic()
+            self.running.add(claim)
             if not self.waiting:
                 self.changed.notify_all()  # room to claim, at the loop's low-water mark
-            return job
+            return claim
 
-    def finished(self, job_id: str, item: dict[str, Any]) -> None:
+    def finished(self, claim: Claim, item: dict[str, Any]) -> None:
         with self.changed:
-            del self.running[job_id]
-            self._pend(item)
+            self.running.discard(claim)
+            if claim.ours:
+                self._pend(Outcome(claim, item))
+                return
+            self.changed.notify_all()  # a slot a hung handler held is free again
+        LOG.warning(
+            "job %s's handler returned after the job was taken back (lease lost or job_timeout"
+            " passed): its outcome (%s) is dropped, another worker may have the job",
+            claim.job.id,
+            item["NextState"],
+        )
 
-    def _pend(self, item: dict[str, Any]) -> None:
+    def _pend(self, outcome: Outcome) -> None:
         if not self.pending:
             self.pending_since = time.monotonic()
-        self.pending.append(item)
+        self.pending.append(outcome)
         idle = not self.waiting and len(self.running) < self.concurrency
         if idle or len(self.pending) >= MAX_BATCH:
             self.changed.notify_all()
@@ -159,8 +228,13 @@ def start_handler_threads(held: HeldJobs, handler: Handler) -> list[threading.Th
     """`concurrency` threads that run jobs until the worker stops."""
 
     def serve() -> None:
-        while (job := held.next_job()) is not None:
-            held.finished(job.id, handle(handler, job))
+        while True:
+            try:
+                if (claim := held.next_job()) is None:
+                    return
+                held.finished(claim, handle(handler, claim.job))
+            except Exception:  # the worker's own code: the handler's errors are outcomes
+                LOG.exception("a handler thread hit an error of the worker; it carries on")
 
     threads = [
         threading.Thread(target=serve, name=f"webhook-worker-handler-{n}", daemon=True)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# The broker refuses an Error longer than this in a report item.
+# The broker refuses an Error longer than this in a report item (and the whole report with it).
 MAX_ERROR_CHARS = 1000
 # ... and an IncrementalTimeout above this.
 MAX_DELAY_SECONDS = 86400
@@ -114,7 +114,7 @@ def given_back_unstarted(job_id: str, delay: float | None = None) -> dict[str, A
 def dead(job_id: str, reason: str) -> dict[str, Any]:
     item: dict[str, Any] = {"ID": job_id, "NextState": "DEAD"}
     if reason:
-        item["Error"] = reason[:MAX_ERROR_CHARS]
+        item["Error"] = storable_error(reason)
     return item
 
 
@@ -126,8 +126,19 @@ def retried(job_id: str, delay: float | None, reason: str) -> dict[str, Any]:
     else:
         item["IncrementalTimeout"] = whole_seconds(delay)
     if reason:
-        item["Error"] = reason[:MAX_ERROR_CHARS]
+        item["Error"] = storable_error(reason)
     return item
+
+
+def storable_error(text: str) -> str:
+    """`text` as the broker stores an `Error`: an exception's message may hold a NUL or a lone
+    surrogate (no UTF-8 for it, so no JSON body at all) or run long, and one such item makes the
+    broker refuse the whole report. Those characters are written as escapes, and a text too long
+    is cut, with an ellipsis."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS - 1] + "\u2026"
+    return text
 
 
 def report_item(job_id: str, outcome: BaseException | None) -> dict[str, Any]:
@@ -140,7 +151,11 @@ def report_item(job_id: str, outcome: BaseException | None) -> dict[str, Any]:
         return dead(job_id, outcome.reason)
     if isinstance(outcome, Defer):
         return given_back_unstarted(job_id, outcome.delay)
-    return retried(job_id, None, f"{type(outcome).__name__}: {outcome}")
+    try:
+        text = str(outcome)
+    except Exception:  # a broken __str__ must not cost the job its outcome
+        text = "(its text could not be read)"
+    return retried(job_id, None, f"{type(outcome).__name__}: {text}")
 
 
 def whole_seconds(delay: float) -> int:

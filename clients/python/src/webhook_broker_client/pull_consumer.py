@@ -67,19 +67,32 @@ class PullConsumer:
         return Claimed(jobs, retry_after_of(answer))
 
     def report(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Report outcomes (1..500 items: `{"ID", "NextState", ...}`); a result per item, in
-        order (`Status` 202 when applied)."""
+        """Report outcomes (1..500 items: `{"ID", "NextState", ...}`, with `"Attempts"` as
+        claimed to fence the item to that claim); a result per item, in order (`Status` 202 when
+        applied, 409 when the job was claimed again since)."""
         answer = self._http.request(
             "POST", f"{self._path}/report", json={"Jobs": list(items)}, retry=True
         )
         results: list[dict[str, Any]] = answer.json().get("Result", [])
         return results
 
-    def extend(self, job_ids: Iterable[str], lease_seconds: int) -> list[dict[str, Any]]:
-        """Make the leases of INFLIGHT jobs (1..500) end `lease_seconds` from now; a result per
-        job, in order (`Status` 202, else 404 or 400 with `State` and `Error`: not INFLIGHT)."""
-        jobs = [{"ID": job_id, "Timeout": lease_seconds} for job_id in job_ids]
-        answer = self._http.request("POST", f"{self._path}/extend", json={"Jobs": jobs}, retry=True)
+    def extend(
+        self, jobs: Iterable[str | tuple[str, int]], lease_seconds: int
+    ) -> list[dict[str, Any]]:
+        """Make the leases of INFLIGHT jobs (1..500) end `lease_seconds` from now. Each job is
+        its ID, or (ID, Attempts as claimed) to fence the extension to that claim. A result per
+        job, in order (`Status` 202; else 404, 400 with `State` and `Error`: not INFLIGHT any
+        more, or 409: claimed again since, by another worker)."""
+        items: list[dict[str, Any]] = []
+        for job in jobs:
+            job_id, attempts = (job, None) if isinstance(job, str) else job
+            item: dict[str, Any] = {"ID": job_id, "Timeout": lease_seconds}
+            if attempts is not None:
+                item["Attempts"] = attempts
+            items.append(item)
+        answer = self._http.request(
+            "POST", f"{self._path}/extend", json={"Jobs": items}, retry=True
+        )
         results: list[dict[str, Any]] = answer.json().get("Result", [])
         return results
 

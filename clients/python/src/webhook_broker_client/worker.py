@@ -21,22 +21,24 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
 
 from webhook_broker_client._held_jobs import (
     LOG,
     MAX_BATCH,
     Handler,
     HeldJobs,
+    Outcome,
     start_handler_threads,
 )
 from webhook_broker_client._http import RetryPolicy, is_transient
 from webhook_broker_client._lease_keeper import LeaseKeeper
+from webhook_broker_client._reports import log_refused, log_results, report_items
 from webhook_broker_client.errors import BrokerError
 from webhook_broker_client.outcomes import dead, given_back_unstarted, job_from_claim
 from webhook_broker_client.pull_consumer import PullConsumer
 
 DEFAULT_LEASE_SECONDS = 60
+DEFAULT_JOB_TIMEOUT_SECONDS = 3600.0
 MAX_CLAIM = 100  # the broker's largest `limit`
 # While handlers run, a claim that finds nothing waits at most this long, so that the outcomes
 # they produce meanwhile are not held back longer.
@@ -55,6 +57,10 @@ class Worker:
       extends the lease of every job it holds when half of it is left, so a handler may run
       longer than the lease. When not given: `incremental_timeout` (webhook-broker's name for
       how long a job may stay in flight) if given, else 60.
+    - `job_timeout`: the longest a handler may run, in seconds (3600; None for no limit). Past
+      it the worker stops extending the job's lease: the broker takes the job back when the
+      lease ends, counting the attempt, and hands it out again; the handler's outcome, if it
+      ever returns, is dropped. Its thread is busy until then (one handler slot fewer).
     - `grace_seconds`: on stop, how long handlers in progress may take to finish (30).
     - `wait_seconds`: how long an idle worker's claim waits for jobs (the long poll; the broker
       waits 20 s at most); also the longest a stop waits for a claim under way (5).
@@ -75,6 +81,7 @@ class Worker:
         prefetch: int = 0,
         incremental_timeout: int | None = None,
         lease_seconds: int | None = None,
+        job_timeout: float | None = DEFAULT_JOB_TIMEOUT_SECONDS,
         grace_seconds: float = 30.0,
         wait_seconds: float = 5.0,
         flush_seconds: float = 1.0,
@@ -85,6 +92,8 @@ class Worker:
         lease = lease_seconds or incremental_timeout or DEFAULT_LEASE_SECONDS
         if not 2 <= lease <= 86400:
             raise ValueError(f"the lease must be from 2 to 86400 s, not {lease}")
+        if job_timeout is not None and job_timeout <= 0:
+            raise ValueError(f"job_timeout must be positive (or None), not {job_timeout}")
         self.base_url = base_url
         self.channel_id = channel_id
         self.consumer_id = consumer_id
@@ -92,6 +101,7 @@ class Worker:
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.lease_seconds = int(lease)
+        self.job_timeout = job_timeout
         self.grace_seconds = grace_seconds
         self.wait_seconds = wait_seconds
         self.flush_seconds = flush_seconds
@@ -103,9 +113,14 @@ class Worker:
         """Handle jobs until stopped; returns once handlers finished and outcomes are reported.
 
         Raises a BrokerError only for a refusal that trying again cannot fix (wrong tokens, an
-        unknown channel or consumer, not a pull consumer), after stopping as on `stop()`.
+        unknown channel or consumer, not a pull consumer), after stopping as on `stop()`; any
+        other error of the loop (an answer that is not the broker's JSON) likewise.
         """
-        self._held = held = HeldJobs(self.concurrency, self.prefetch)
+        held = HeldJobs(self.concurrency, self.prefetch)
+        with held.changed:
+            self._held = held
+            if self._stop.is_set():  # stopped before it ran
+                held.stop_starting()
         consumer = PullConsumer(
             self.base_url,
             self.channel_id,
@@ -122,12 +137,12 @@ class Worker:
             self._held = None
 
     def stop(self) -> None:
-        """Stop claiming and wind down (safe from any thread, and from a signal handler)."""
+        """Stop claiming and wind down (safe from any thread, and from a signal handler). No
+        handler starts a job from now on, even while a claim or a report is still under way."""
         self._stop.set()
         held = self._held
         if held is not None:
-            with held.changed:
-                held.changed.notify_all()
+            held.stop_starting()
 
 
 @contextlib.contextmanager
@@ -182,22 +197,26 @@ class _Loop:
         self.flush_backoff = _Backoff()
 
     def run(self, handler: Handler) -> None:
-        keeper = LeaseKeeper(self.consumer, self.held, self.worker.lease_seconds)
+        worker = self.worker
+        keeper = LeaseKeeper(self.consumer, self.held, worker.lease_seconds, worker.job_timeout)
         start_handler_threads(self.held, handler)
         keeper.start()
-        failure: BrokerError | None = None
         try:
             while not self.stop_requested.is_set():
                 self._round()
         except BrokerError as error:
             LOG.error("stopping: the broker refused the worker (%s)", error)
-            failure = error
-        try:
-            self._wind_down()
+            raise
+        except Exception:
+            LOG.exception("stopping: the worker's loop failed")
+            raise
         finally:
-            keeper.stop()
-        if failure is not None:
-            raise failure
+            # Whatever ended the loop, the handlers stop starting jobs, the outcomes known are
+            # reported, and the lease keeper ends with the run.
+            try:
+                self._wind_down()
+            finally:
+                keeper.stop()
 
     # --- a round of the loop ----------------------------------------------------------------
 
@@ -276,30 +295,51 @@ class _Loop:
 
     def _flush(self) -> bool:
         """Report the pending outcomes; False when the broker could not be reached."""
-        items = self.held.take_outcomes()
-        if not items:
+        outcomes = self.held.take_outcomes()
+        if not outcomes:
             return True
         try:
-            results = self.consumer.report(items)
+            results = self.consumer.report(report_items(outcomes))
         except BrokerError as error:
             if is_transient(error):
-                self.held.put_back_outcomes(items)
-                delay = self.flush_backoff.next_delay()
-                LOG.warning("report failed (%s); trying again in %.1f s", error, delay)
-                self.flush_not_before = time.monotonic() + delay
+                self._report_later(outcomes, error)
                 return False
-            LOG.error(
-                "the broker refused a report of %d outcomes (%s); their jobs come back when"
-                " their leases end: %s",
-                len(items),
-                error,
-                ", ".join(item["ID"] for item in items),
-            )
+            if error.status == 400 and len(outcomes) > 1:
+                # One item the broker refuses refuses the whole report: find it, send the rest.
+                LOG.warning(
+                    "the broker refused a report of %d outcomes (%s); reporting them one by one",
+                    len(outcomes),
+                    error,
+                )
+                return self._report_one_by_one(outcomes)
+            log_refused(outcomes, error)
         else:
             self.flush_backoff.reset()
-            _log_results(items, results)
-        self.held.release(item["ID"] for item in items)
+            log_results(outcomes, results)
+        self.held.release(outcomes)
         return True
+
+    def _report_one_by_one(self, outcomes: list[Outcome]) -> bool:
+        for index, outcome in enumerate(outcomes):
+            try:
+                results = self.consumer.report(report_items([outcome]))
+            except BrokerError as error:
+                if is_transient(error):
+                    self.held.release(outcomes[:index])
+                    self._report_later(outcomes[index:], error)
+                    return False
+                log_refused([outcome], error)
+            else:
+                log_results([outcome], results)
+        self.flush_backoff.reset()
+        self.held.release(outcomes)
+        return True
+
+    def _report_later(self, outcomes: list[Outcome], error: BrokerError) -> None:
+        self.held.put_back_outcomes(outcomes)
+        delay = self.flush_backoff.next_delay()
+        LOG.warning("report failed (%s); trying again in %.1f s", error, delay)
+        self.flush_not_before = time.monotonic() + delay
 
     # --- the stop -----------------------------------------------------------------------------
 
@@ -307,15 +347,15 @@ class _Loop:
         """Give back what did not start, let what runs finish within the grace, report it all."""
         held = self.held
         unstarted = held.begin_stop()
-        for job in unstarted:
-            held.add_outcome(given_back_unstarted(job.id))
+        for claim in unstarted:
+            held.add_outcome(given_back_unstarted(claim.job.id), claim)
         LOG.info(
             "stopping: %d jobs given back unstarted, %d handlers finishing",
             len(unstarted),
-            len(held.running),
+            len(held.busy()),
         )
         deadline = time.monotonic() + self.worker.grace_seconds
-        while (held.running or held.pending) and time.monotonic() < deadline:
+        while (held.busy() or held.pending) and time.monotonic() < deadline:
             if held.pending and time.monotonic() >= self.flush_not_before:
                 self._flush()
                 continue
@@ -325,34 +365,17 @@ class _Loop:
         if held.pending:  # a handler finished at the deadline, or the broker was failing
             self.flush_not_before = 0.0
             self._flush()
-        if held.running:
+        if held.busy():
             LOG.warning(
                 "stopped with handlers still running after the %s s grace; their jobs come back"
                 " when their leases end: %s",
                 self.worker.grace_seconds,
-                ", ".join(held.running),
+                ", ".join(claim.job.id for claim in held.busy()),
             )
         if held.pending:
             LOG.error(
                 "stopped without reporting %d outcomes (the broker did not answer); their jobs"
                 " come back when their leases end: %s",
                 len(held.pending),
-                ", ".join(item["ID"] for item in held.pending),
+                ", ".join(outcome.item["ID"] for outcome in held.pending),
             )
-
-
-def _log_results(items: list[dict[str, Any]], results: list[dict[str, Any]]) -> None:
-    """Warn about the outcomes the broker could not apply; note jobs that went DEAD instead."""
-    for item, result in zip(items, results, strict=False):
-        status, state = result.get("Status"), result.get("State")
-        if status == 202:
-            if item["NextState"] == "QUEUED" and state == "DEAD":
-                LOG.info("job %s is DEAD: it has no attempts left", item["ID"])
-            continue
-        LOG.warning(
-            "job %s could not go %s: %s%s (its lease ran out? another worker may have it)",
-            item["ID"],
-            item["NextState"],
-            f"{state}, " if state else "",
-            result.get("Error") or f"HTTP {status}",
-        )
