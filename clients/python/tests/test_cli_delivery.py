@@ -168,7 +168,14 @@ def test_tail_follows_messages_and_outcomes_until_ctrl_c(
     add_consumer(broker, setup.channel, "billing", "--callback-url", receiver.url)
     args = command("--json", "tail", setup.channel, "--interval", "0.2")
     tail = subprocess.Popen(
-        args, env=process_env(broker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        args,
+        env=process_env(broker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ctrl-C as in a terminal, even when this test runs in a background job (which ignores
+        # SIGINT, and Python then keeps ignoring it in the process it starts).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert tail.stderr is not None
