@@ -1,7 +1,7 @@
-"""A worker process for test_worker_stop.py: concurrency 2, prefetch 4; its handler writes each
-job's message ID to a file as it starts, then works for a second.
+"""A worker process for test_worker_stop.py: its handler writes each job's message ID to a file
+as it starts, then works for a second.
 
-    python stop_worker.py URL CHANNEL CONSUMER TOKEN STARTED_FILE
+    python stop_worker.py URL CHANNEL CONSUMER TOKEN STARTED_FILE CONCURRENCY PREFETCH
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from webhook_broker_client import Job, Worker
 
 def main() -> None:
     url, channel, consumer, token, started_file = sys.argv[1:6]
+    concurrency, prefetch = int(sys.argv[6]), int(sys.argv[7])
     started = Path(started_file).open("a", buffering=1)  # noqa: SIM115 - open for the whole run
 
     def handler(job: Job) -> None:
@@ -23,7 +24,9 @@ def main() -> None:
         time.sleep(1)
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    Worker(url, channel, consumer, token, token, concurrency=2, prefetch=4).run(handler)
+    Worker(url, channel, consumer, token, token, concurrency=concurrency, prefetch=prefetch).run(
+        handler
+    )
     started.close()
     print("stopped", flush=True)
 

@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Broker
 from tests.pull_setup import TOKEN, eventually, pull_consumer, running
 
@@ -18,13 +20,18 @@ SOURCE = Path(__file__).resolve().parents[1] / "src"
 GRACE_SECONDS = 30  # the Worker's default
 
 
-def test_sigterm_in_the_middle_of_a_batch_loses_nothing(broker: Broker, tmp_path: Path) -> None:
+# Two handler threads, and one handler run on the worker's own thread (concurrency 1).
+@pytest.mark.parametrize(("concurrency", "prefetch"), [(2, 4), (1, 5)])
+def test_sigterm_in_the_middle_of_a_batch_loses_nothing(
+    broker: Broker, tmp_path: Path, concurrency: int, prefetch: int
+) -> None:
     pull = pull_consumer(broker)
     message_ids = pull.publish(20)
     started_file = tmp_path / "started"
     started_file.touch()
     command = [sys.executable, str(Path(__file__).with_name("stop_worker.py"))]
     command += [broker.url, pull.channel, pull.consumer, TOKEN, str(started_file)]
+    command += [str(concurrency), str(prefetch)]
     env = {**os.environ, "PYTHONPATH": str(SOURCE)}
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -34,7 +41,7 @@ def test_sigterm_in_the_middle_of_a_batch_loses_nothing(broker: Broker, tmp_path
         return started_file.read_text().split()
 
     try:
-        # 6 claimed (2 running, 4 held); after the first two, two more run and two are held.
+        # 6 claimed (1 or 2 running, the rest held); a stop lets those running finish.
         eventually(lambda: len(started()) >= 3, what="three jobs started")
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()

@@ -5,11 +5,10 @@
 
 One loop (the thread that calls `run`) claims up to `concurrency + prefetch` jobs, minus those it
 holds, whenever no claimed job is left waiting; `concurrency` handler threads take the jobs one
-by one; the loop reports their outcomes together, before each claim, once everything it holds is
-done, or when the oldest outcome has waited `flush_seconds`. A batch of quick jobs thus costs two
-requests (a claim, a report) whatever its size. A thread of its own extends the leases of the
-jobs held (_lease_keeper.py). The handler's outcomes: outcomes.py. The README's "Pull worker"
-section says all of it for users.
+by one (with one, the loop runs them itself); the loop reports their outcomes together, before
+each claim, once everything it holds is done, or when the oldest has waited `flush_seconds`: a
+batch of quick jobs costs two requests whatever its size. A thread of its own extends the leases
+of the jobs held (_lease_keeper.py). Outcomes: outcomes.py. For users: the README's "Pull worker".
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from webhook_broker_client._held_jobs import (
     Handler,
     HeldJobs,
     Outcome,
+    handle,
     start_handler_threads,
 )
 from webhook_broker_client._http import RetryPolicy, is_transient
@@ -195,11 +195,17 @@ class _Loop:
         self.flush_not_before = 0.0
         self.claim_backoff = _Backoff()
         self.flush_backoff = _Backoff()
+        self.inline_handler: Handler | None = None  # concurrency 1: jobs run on this thread
 
     def run(self, handler: Handler) -> None:
         worker = self.worker
         keeper = LeaseKeeper(self.consumer, self.held, worker.lease_seconds, worker.job_timeout)
-        start_handler_threads(self.held, handler)
+        # One job at a time runs on this very thread: no hand-off between threads twice a batch,
+        # which on a busy machine costs a scheduler's wake-up each (bench/pull.py --worker).
+        if worker.concurrency == 1:
+            self.inline_handler = handler
+        else:
+            start_handler_threads(self.held, handler)
         keeper.start()
         try:
             while not self.stop_requested.is_set():
@@ -221,8 +227,12 @@ class _Loop:
     # --- a round of the loop ----------------------------------------------------------------
 
     def _round(self) -> None:
-        """Claim, report, or wait until one of them is due (or the worker stops)."""
+        """Claim, report, or wait until one of them is due (or the worker stops); with one
+        handler, run the next job held first."""
         held = self.held
+        if self.inline_handler is not None and held.waiting:
+            self._run_next(self.inline_handler)
+            return
         with held.changed:
             if self.stop_requested.is_set():
                 return
@@ -237,6 +247,15 @@ class _Loop:
             return  # the broker failed: no claim either, until it answers again
         if limit:
             self._claim(limit)
+
+    def _run_next(self, handler: Handler) -> None:
+        """The next job held, run on the loop's thread (concurrency 1); outcomes that have
+        waited `flush_seconds` are reported first, so slow jobs do not hold them back."""
+        if self.held.pending and self._flush_due(time.monotonic()):
+            self._flush()
+        claim = self.held.next_job()  # not None: a job waits, and only this thread takes jobs
+        if claim is not None:
+            self.held.finished(claim, handle(handler, claim.job))
 
     def _claim_limit(self, now: float) -> int:
         """How many jobs to claim now: none while jobs wait for a handler (the low-water mark is
