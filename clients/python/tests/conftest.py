@@ -17,7 +17,8 @@ from types import ModuleType
 
 import pytest
 
-from webhook_broker_client._http import HttpClient
+from webhook_broker_client._http import HttpClient, RetryPolicy
+from webhook_broker_client.producer import Producer
 
 CLIENTS_DIR = Path(__file__).resolve().parents[2]
 
@@ -62,6 +63,11 @@ class Publisher:
     channel_token: str
     producer_id: str
     producer_token: str
+
+    def producer(self, url: str, retry: RetryPolicy | None = None) -> Producer:
+        """A Producer with these credentials, sending to `url`: the broker, or a proxy before it."""
+        credentials = (self.channel_token, self.producer_id, self.producer_token)
+        return Producer(url, self.channel_id, *credentials, retry=retry)
 
 
 def admin_http(broker: Broker) -> HttpClient:

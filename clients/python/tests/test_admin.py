@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Broker, Publisher, unique
-from webhook_broker_client import BadRequest, Conflict, NotFound, Producer
+from webhook_broker_client import BadRequest, Conflict, NotFound
 from webhook_broker_client._http import HttpClient
 from webhook_broker_client.admin import Admin
 
@@ -21,16 +21,6 @@ RECEIVER = "http://127.0.0.1:9/hook"  # never called: these consumers are paused
 def admin(broker: Broker) -> Iterator[Admin]:
     with Admin(broker.url, broker.admin_token) as client:
         yield client
-
-
-def producer_for(broker: Broker, publisher: Publisher) -> Producer:
-    return Producer(
-        broker.url,
-        publisher.channel_id,
-        publisher.channel_token,
-        publisher.producer_id,
-        publisher.producer_token,
-    )
 
 
 def pull_consumer(admin: Admin, publisher: Publisher) -> tuple[str, str]:
@@ -145,7 +135,7 @@ def test_signing_secrets_rotate(admin: Admin, publisher: Publisher) -> None:
 
 def test_messages_jobs_and_replay(broker: Broker, admin: Admin, publisher: Publisher) -> None:
     consumer = pull_consumer(admin, publisher)
-    with producer_for(broker, publisher) as producer:
+    with publisher.producer(broker.url) as producer:
         message_id = producer.publish("hello", event_type="greeting")
     message = admin.get_message(publisher.channel_id, message_id)
     assert (message["Payload"], message["EventType"], message["Status"]) == (
@@ -190,7 +180,7 @@ def test_event_type_catalogue(admin: Admin, publisher: Publisher) -> None:
 
 
 def test_scheduled_messages(broker: Broker, admin: Admin, publisher: Publisher) -> None:
-    with producer_for(broker, publisher) as producer:
+    with publisher.producer(broker.url) as producer:
         message_id = producer.publish("later", scheduled_for=FAR_FUTURE)
     waiting = list(admin.scheduled_messages(publisher.channel_id, status="SCHEDULED"))
     assert waiting == [message_id]
@@ -236,7 +226,7 @@ def test_periodic_messages(admin: Admin, publisher: Publisher) -> None:
 def test_dead_letter_queue(broker: Broker, admin: Admin, publisher: Publisher) -> None:
     consumer = pull_consumer(admin, publisher)
     consumer_id, consumer_token = consumer
-    with producer_for(broker, publisher) as producer:
+    with publisher.producer(broker.url) as producer:
         message_ids = {producer.publish(f"m{n}") for n in range(3)}
     dead = claim_and_report(broker, publisher, consumer, "DEAD")
     listed = list(admin.dead_jobs(publisher.channel_id, consumer_id))
@@ -255,7 +245,7 @@ def test_dead_letter_queue(broker: Broker, admin: Admin, publisher: Publisher) -
     )
     assert purged == {"count": 3, "action": None}
     assert list(admin.dead_jobs(publisher.channel_id, consumer_id)) == []
-    with producer_for(broker, publisher) as producer:
+    with publisher.producer(broker.url) as producer:
         producer.publish("m4")
     claim_and_report(broker, publisher, consumer, "DEAD")
     assert admin.purge_dlq(publisher.channel_id, consumer_id) == {"count": 1, "action": None}
@@ -265,7 +255,7 @@ def test_dead_letter_queue(broker: Broker, admin: Admin, publisher: Publisher) -
 
 def test_status_and_job_counts(broker: Broker, admin: Admin, publisher: Publisher) -> None:
     consumer_id, _ = pull_consumer(admin, publisher)
-    with producer_for(broker, publisher) as producer:
+    with publisher.producer(broker.url) as producer:
         producer.publish("counted")
     assert admin.status()["status"] == "ok"
     counts = admin.job_status()[publisher.channel_id][consumer_id]

@@ -24,21 +24,10 @@ from webhook_broker_client import (
     RetryPolicy,
     Unauthorized,
 )
-from webhook_broker_client.producer import AsyncProducer, BatchMessage, Producer
+from webhook_broker_client.producer import AsyncProducer, BatchMessage
 
 FAST = RetryPolicy(attempts=5, initial_delay=0.01, max_delay=0.05)
 FAR_FUTURE = datetime(2099, 1, 31, 12, 0, tzinfo=UTC)
-
-
-def producer_for(publisher: Publisher, url: str, retry: RetryPolicy = FAST) -> Producer:
-    return Producer(
-        url,
-        publisher.channel_id,
-        publisher.channel_token,
-        publisher.producer_id,
-        publisher.producer_token,
-        retry=retry,
-    )
 
 
 def read(broker: Broker, path: str) -> Any:
@@ -58,7 +47,7 @@ def payload_bytes(stored: Any) -> bytes:
 
 
 def test_publish_returns_the_id_of_the_stored_message(broker: Broker, publisher: Publisher) -> None:
-    with producer_for(publisher, broker.url) as producer:
+    with publisher.producer(broker.url, FAST) as producer:
         message_id = producer.publish(b"\x00binary\xff")
     stored = message(broker, publisher, message_id)
     assert stored["ID"] == message_id
@@ -68,7 +57,7 @@ def test_publish_returns_the_id_of_the_stored_message(broker: Broker, publisher:
 
 def test_every_keyword_reaches_the_message(broker: Broker, publisher: Publisher) -> None:
     message_id = unique("order")
-    with producer_for(publisher, broker.url) as producer:
+    with publisher.producer(broker.url, FAST) as producer:
         returned = producer.publish(
             '{"total": 3}',
             message_id=message_id,
@@ -88,7 +77,7 @@ def test_every_keyword_reaches_the_message(broker: Broker, publisher: Publisher)
 
 
 def test_a_scheduled_message_keeps_every_keyword(broker: Broker, publisher: Publisher) -> None:
-    with producer_for(publisher, broker.url) as producer:
+    with publisher.producer(broker.url, FAST) as producer:
         message_id = producer.publish(
             {"total": 3},
             event_type="order.created",
@@ -109,7 +98,7 @@ def test_a_scheduled_message_keeps_every_keyword(broker: Broker, publisher: Publ
 
 
 def test_text_is_sent_as_utf8_text(broker: Broker, publisher: Publisher) -> None:
-    with producer_for(publisher, broker.url) as producer:
+    with publisher.producer(broker.url, FAST) as producer:
         message_id = producer.publish("héllo")
     stored = message(broker, publisher, message_id)
     assert (stored["Payload"], stored["ContentType"]) == ("héllo", "text/plain; charset=utf-8")
@@ -121,7 +110,7 @@ def test_a_batch_is_stored_in_order_with_its_fields(broker: Broker, publisher: P
         BatchMessage(b"\x01\x02", content_type="application/x-raw", headers={"X-Tenant": "t"}),
         BatchMessage({"n": 1}, ordering_key="k", scheduled_for=FAR_FUTURE),
     ]
-    with producer_for(publisher, broker.url) as producer:
+    with publisher.producer(broker.url, FAST) as producer:
         ids = producer.publish_batch(batch)
     assert ids[0] == batch[0].message_id
     assert len(set(ids)) == 3
@@ -139,7 +128,7 @@ def test_a_publish_is_retried_after_5xx_and_429_with_the_same_id(
 ) -> None:
     with (
         flaky_proxy(broker.url, ["fail", "throttle", "reset", "fail"]) as (url, script),
-        producer_for(publisher, url) as producer,
+        publisher.producer(url, FAST) as producer,
     ):
         message_id = producer.publish("once")
     assert len(script.seen) == 5
@@ -150,7 +139,7 @@ def test_a_publish_is_retried_after_5xx_and_429_with_the_same_id(
 def test_a_lost_answer_then_409_counts_as_success(broker: Broker, publisher: Publisher) -> None:
     with (
         flaky_proxy(broker.url, ["lose"]) as (url, script),
-        producer_for(publisher, url) as producer,
+        publisher.producer(url, FAST) as producer,
     ):
         message_id = producer.publish("stored by the first try")
     assert len(script.seen) == 2  # the second try was answered 409: the broker had it
@@ -162,7 +151,7 @@ def test_a_batch_whose_answer_was_lost_is_not_stored_twice(
 ) -> None:
     with (
         flaky_proxy(broker.url, ["lose"]) as (url, script),
-        producer_for(publisher, url) as producer,
+        publisher.producer(url, FAST) as producer,
     ):
         ids = producer.publish_batch([BatchMessage("a"), BatchMessage("b")])
     assert len(script.seen) == 2
@@ -170,7 +159,7 @@ def test_a_batch_whose_answer_was_lost_is_not_stored_twice(
 
 
 def test_an_id_the_channel_has_counts_as_success(broker: Broker, publisher: Publisher) -> None:
-    with producer_for(publisher, broker.url) as producer:
+    with publisher.producer(broker.url, FAST) as producer:
         first = producer.publish("first", message_id="same")
         again = producer.publish("second", message_id="same")
     assert first == again == "same"
@@ -203,7 +192,7 @@ def test_a_refused_connection_is_retried(broker: Broker, publisher: Publisher) -
                 proxies.enter_context(flaky_proxy(broker.url, [], port=port))
 
         policy = CallsBackOnRetry(initial_delay=0.01, max_delay=0.05, on_retry=open_port)
-        with producer_for(publisher, f"http://127.0.0.1:{port}", policy) as producer:
+        with publisher.producer(f"http://127.0.0.1:{port}", policy) as producer:
             message_id = producer.publish("after a refusal")
     assert message(broker, publisher, message_id)["Payload"] == "after a refusal"
 
@@ -211,7 +200,7 @@ def test_a_refused_connection_is_retried(broker: Broker, publisher: Publisher) -
 def test_no_answer_after_every_try_is_broker_unavailable(publisher: Publisher) -> None:
     policy = RetryPolicy(attempts=2, initial_delay=0.01)
     url = f"http://127.0.0.1:{free_port()}"
-    with producer_for(publisher, url, policy) as producer, pytest.raises(BrokerUnavailable) as e:
+    with publisher.producer(url, policy) as producer, pytest.raises(BrokerUnavailable) as e:
         producer.publish("nowhere")
     assert e.value.status is None
     assert "no answer from the broker" in str(e.value)
@@ -219,12 +208,12 @@ def test_no_answer_after_every_try_is_broker_unavailable(publisher: Publisher) -
 
 def test_refusals_carry_status_and_message(broker: Broker, publisher: Publisher) -> None:
     wrong = Publisher(publisher.channel_id, "wrong", publisher.producer_id, "wrong")
-    with producer_for(wrong, broker.url) as producer, pytest.raises(Unauthorized) as e:
+    with wrong.producer(broker.url, FAST) as producer, pytest.raises(Unauthorized) as e:
         producer.publish("x")
     assert e.value.status == 403
     assert "token" in e.value.message.lower()
     missing = Publisher("no-such-channel", "t", publisher.producer_id, "t")
-    with producer_for(missing, broker.url) as producer, pytest.raises(NotFound) as unknown:
+    with missing.producer(broker.url, FAST) as producer, pytest.raises(NotFound) as unknown:
         producer.publish("x")
     assert unknown.value.status == 404
 
@@ -232,7 +221,7 @@ def test_refusals_carry_status_and_message(broker: Broker, publisher: Publisher)
 def test_a_bad_request_is_not_retried(broker: Broker, publisher: Publisher) -> None:
     with (
         flaky_proxy(broker.url, []) as (url, script),
-        producer_for(publisher, url) as producer,
+        publisher.producer(url, FAST) as producer,
         pytest.raises(BadRequest) as e,
     ):
         producer.publish("x", event_type="not a type!")
@@ -244,13 +233,13 @@ def test_a_bad_request_is_not_retried(broker: Broker, publisher: Publisher) -> N
 
 def test_a_batch_naming_an_id_twice_is_a_conflict(broker: Broker, publisher: Publisher) -> None:
     twice = [BatchMessage("a", message_id="dup"), BatchMessage("b", message_id="dup")]
-    with producer_for(publisher, broker.url) as producer, pytest.raises(Conflict) as e:
+    with publisher.producer(broker.url, FAST) as producer, pytest.raises(Conflict) as e:
         producer.publish_batch(twice)
     assert e.value.body["duplicates"] == ["dup"]
 
 
 def test_a_batch_partly_stored_before_is_a_conflict(broker: Broker, publisher: Publisher) -> None:
-    with producer_for(publisher, broker.url) as producer:
+    with publisher.producer(broker.url, FAST) as producer:
         producer.publish("earlier", message_id="taken")
         with pytest.raises(Conflict):
             producer.publish_batch([BatchMessage("a", message_id="taken"), BatchMessage("b")])

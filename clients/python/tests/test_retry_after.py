@@ -13,29 +13,17 @@ from tests.conftest import Broker, Publisher, admin_http
 from tests.flaky_proxy import flaky_proxy
 from webhook_broker_client import RetryPolicy, ServerError
 from webhook_broker_client._http import HttpClient, parse_retry_after
-from webhook_broker_client.producer import Producer
 
 # A backoff far longer than any test may take: a test that ends in time waited Retry-After.
 SLOW_BACKOFF = RetryPolicy(attempts=5, initial_delay=600.0, max_delay=600.0)
 GENEROUS_TIMEOUT = 60.0
 
 
-def producer_for(publisher: Publisher, url: str, retry: RetryPolicy) -> Producer:
-    return Producer(
-        url,
-        publisher.channel_id,
-        publisher.channel_token,
-        publisher.producer_id,
-        publisher.producer_token,
-        retry=retry,
-    )
-
-
 def test_a_503_with_retry_after_is_retried_after_it(broker: Broker, publisher: Publisher) -> None:
     outcome: list[str] = []
     with (
         flaky_proxy(broker.url, ["unavailable:0", "unavailable:0"]) as (url, script),
-        producer_for(publisher, url, SLOW_BACKOFF) as producer,
+        publisher.producer(url, SLOW_BACKOFF) as producer,
     ):
         # In a daemon thread: were Retry-After ignored, the 10-minute backoff must not hang the run.
         thread = threading.Thread(
@@ -55,7 +43,7 @@ def test_a_503_retry_after_beyond_the_cap_is_raised_at_once(
 ) -> None:
     with (
         flaky_proxy(broker.url, ["unavailable:3600"]) as (url, script),
-        producer_for(publisher, url, RetryPolicy(max_retry_after=60.0)) as producer,
+        publisher.producer(url, RetryPolicy(max_retry_after=60.0)) as producer,
         pytest.raises(ServerError) as refused,
     ):
         producer.publish("not now")
