@@ -200,12 +200,7 @@ def drain(
 def run_phase(
     bench: Bench, phase: Phase, consumer: str, batch: bool, port: int, master: int
 ) -> None:
-    query = "SELECT id FROM consumers_consumer WHERE public_id = %(consumer)s"
-    consumer_pk = int(bench.scalar(query, {"consumer": consumer}))
-    queue_jobs(bench, phase.jobs, [consumer_pk], f"{consumer}-")
-    # Statistics, as autovacuum keeps them in production (this server runs without it): the
-    # planner then reaches a report's jobs by key, not through all of the consumer's jobs.
-    bench.db.execute("ANALYZE jobs_job, broker_message")
+    consumer_pk = queue_phase_jobs(bench, phase, consumer)
     spawn = multiprocessing.get_context("spawn")
     go, ready, out = spawn.Event(), spawn.Queue(), spawn.Queue()
     args = (port, consumer, batch, bench.args.claim, go, ready, out)
@@ -229,6 +224,30 @@ def run_phase(
         process.join()
     phase.seconds = max(finished) - started
     groups = {"gunicorn": {master}, "clients": {process.pid for process in clients if process.pid}}
+    close_phase(bench, phase, consumer_pk, groups, (before, after))
+
+
+def queue_phase_jobs(bench: Bench, phase: Phase, consumer: str) -> int:
+    """The phase's jobs queued for `consumer`; its row's key."""
+    query = "SELECT id FROM consumers_consumer WHERE public_id = %(consumer)s"
+    consumer_pk = int(bench.scalar(query, {"consumer": consumer}))
+    queue_jobs(bench, phase.jobs, [consumer_pk], f"{consumer}-")
+    # Statistics, as autovacuum keeps them in production (this server runs without it): the
+    # planner then reaches a report's jobs by key, not through all of the consumer's jobs.
+    bench.db.execute("ANALYZE jobs_job, broker_message")
+    return consumer_pk
+
+
+def close_phase(
+    bench: Bench,
+    phase: Phase,
+    consumer_pk: int,
+    groups: dict[str, set[int]],
+    cpu: tuple[CpuTable, CpuTable],
+) -> None:
+    """The phase's CPU by group of processes and this database's PostgreSQL backends, its jobs'
+    final states and attempts (read with SQL), and its report."""
+    before, after = cpu
     phase.cpu = cpu_by_group(before, after, groups)
     phase.cpu["postgres"] = database_backends_cpu(bench, before, after)
     rows = bench.db.execute(

@@ -21,7 +21,7 @@ import time
 from multiprocessing.synchronize import Event
 from typing import TYPE_CHECKING, Any
 
-from dispatch_harness import CHANNEL, HOST, ROOT, Bench, cpu_by_group, cpu_table, queue_jobs
+from dispatch_harness import CHANNEL, HOST, ROOT, Bench, cpu_table
 
 if TYPE_CHECKING:
     from pull import Phase
@@ -75,13 +75,10 @@ def client_modules() -> tuple[Any, Any]:
 def run_worker_phase(
     bench: Bench, phase: Phase, consumer: str, tokens: tuple[str, str], port: int, master: int
 ) -> None:
-    from pull import database_backends_cpu
+    from pull import close_phase, queue_phase_jobs
 
     args = bench.args
-    query = "SELECT id FROM consumers_consumer WHERE public_id = %(consumer)s"
-    consumer_pk = int(bench.scalar(query, {"consumer": consumer}))
-    queue_jobs(bench, phase.jobs, [consumer_pk], f"{consumer}-")
-    bench.db.execute("ANALYZE jobs_job, broker_message")
+    consumer_pk = queue_phase_jobs(bench, phase, consumer)
     spawn = multiprocessing.get_context("spawn")
     go, ready, out = spawn.Event(), spawn.Queue(), spawn.Queue()
     shape = (args.worker_concurrency, args.worker_prefetch)
@@ -113,15 +110,7 @@ def run_worker_phase(
     for process in workers:
         process.join(timeout=60)
     groups = {"gunicorn": {master}, "clients": {p.pid for p in workers if p.pid}}
-    phase.cpu = cpu_by_group(before, after, groups)
-    phase.cpu["postgres"] = database_backends_cpu(bench, before, after)
-    rows = bench.db.execute(
-        "SELECT status, attempts, count(*) FROM jobs_job WHERE consumer_id = %s"
-        " GROUP BY status, attempts ORDER BY 1, 2",
-        [consumer_pk],
-    ).fetchall()
-    phase.statuses = {(status, attempts): n for status, attempts, n in rows}
-    phase.report()
+    close_phase(bench, phase, consumer_pk, groups, (before, after))
 
 
 def worker_verdict(batch_rates: list[float], worker_rates: list[float], verified: bool) -> None:
