@@ -32,12 +32,18 @@ from broker.parsing import parse_int
 from broker.storable_text import read_json
 from consumers.models import Consumer
 from jobs.api import long_poll
-from jobs.api.access import authorized_consumer, consumer_job
+from jobs.api.access import (
+    authorized_consumer,
+    consumer_job,
+    credentials_of,
+    proven_credentials,
+)
 from jobs.api.serializers import JobLinksSerializer, QueuedJobsSerializer
 from jobs.models import Job, delete_jobs
 from jobs.outcome_log import PullReport
 from jobs.queue import (
     PULL_FAILED,
+    PullCredentials,
     acknowledge_pull_job,
     claim_for_pull,
     take_for_pull,
@@ -205,17 +211,26 @@ class JobView(TokenView):
         },
     )
     def post(self, request: Request, channel_id: str, consumer_id: str, job_id: str) -> Response:
+        # The common report, a held job DELIVERED or DEAD, is one statement that checks the
+        # request's tokens too, once this process has checked the consumer's token the long way
+        # (jobs/api/access.py, `proven_credentials`). A request it does not move is checked and
+        # looked into step by step below, as every other is, and so answered as it always was.
+        plain = _plain_acknowledgement(request)
+        proven = proven_credentials(request, channel_id, consumer_id) if plain else None
+        if plain and proven and _acknowledge(proven, job_id, plain):
+            return Response(status=status.HTTP_202_ACCEPTED)
         consumer = authorized_consumer(request, channel_id, consumer_id, pull_only=True)
         try:
             target, timeout = _transition_request(request)
         except ApiError:
             consumer_job(consumer, job_id)  # a job not found is 404 before a bad body is 400
             raise
-        # The common report, a held job DELIVERED or DEAD, in one statement; a job it does not
-        # move is looked into below, as every other request is.
-        reason = PULL_FAILED if target == DEAD else ""
-        common = target in (DELIVERED, DEAD) and not timeout
-        if common and acknowledge_pull_job(consumer, job_id, JobStatus(target), reason):
+        # Once tried above, the statement is not tried again: a job it did not move then is
+        # looked into below (the same statement would move it only if it came INFLIGHT
+        # meanwhile, or its consumer's token was stored anew unchanged; the state machine below
+        # moves such a job as well).
+        common = target in (DELIVERED, DEAD) and not timeout and proven is None
+        if common and _acknowledge(credentials_of(consumer), job_id, target):
             return Response(status=status.HTTP_202_ACCEPTED)
         job = consumer_job(consumer, job_id)
         if timeout and (target != INFLIGHT or job.status == INFLIGHT):
@@ -247,6 +262,26 @@ class JobView(TokenView):
         if not delete_jobs(Job.objects.filter(pk=job.pk, status=DEAD)):
             raise ApiError(status.HTTP_404_NOT_FOUND, "No dead job with that ID.")
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+def _acknowledge(credentials: PullCredentials, job_id: str, target: str) -> bool:
+    """The common report in one statement (DEAD with the pull consumer's reason); False when it
+    moved nothing."""
+    reason = PULL_FAILED if target == DEAD else ""
+    return acknowledge_pull_job(credentials, job_id, JobStatus(target), reason)
+
+
+def _plain_acknowledgement(request: Request) -> str | None:
+    """DELIVERED or DEAD when the body asks just that (`{"NextState": "DELIVERED"}`, with at most
+    an `IncrementalTimeout` of 0), read without DRF's serializer, which would read it the same;
+    None for any other body, left to `_transition_request` once the tokens are checked."""
+    try:
+        fields = wire_keys(json_object(request.body or b"{}"), ["NextState", "IncrementalTimeout"])
+    except ApiError:
+        return None
+    target, timeout = fields.get("NextState"), fields.get("IncrementalTimeout", 0)
+    plain = fields.keys() <= {"NextState", "IncrementalTimeout"} and type(timeout) is int
+    return target if plain and not timeout and target in (DELIVERED, DEAD) else None
 
 
 def _transition_request(request: Request) -> tuple[str, int]:

@@ -56,6 +56,7 @@ from jobs.queue.types import (
     NewMessage,
     OutcomeReport,
     OutgoingMessage,
+    PullCredentials,
     ReportResult,
     TokenDigests,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "NewMessage",
     "OutcomeReport",
     "OutgoingMessage",
+    "PullCredentials",
     "ReportResult",
     "TokenDigests",
     "acknowledge_pull_job",
@@ -205,23 +207,23 @@ def record_outcomes(
 
 
 def acknowledge_pull_job(
-    consumer: Consumer, public_id: str, target: JobStatus, reason: str
+    consumer: PullCredentials, public_id: str, target: JobStatus, reason: str
 ) -> bool:
     """A pull consumer's report on one INFLIGHT job it holds: DELIVERED, or DEAD with `reason` as
-    its last error; one statement, and the outcome's log line. False when it moved
-    nothing (the job is not the consumer's, not INFLIGHT, or was moved meanwhile), which the
-    caller looks into."""
+    its last error; one statement, which checks the consumer's credentials too, and the outcome's
+    log line. False when it moved nothing (the credentials did not match, the job is not the
+    consumer's, not INFLIGHT, or was moved meanwhile), which the caller looks into."""
     check_transition(INFLIGHT, target)
     named = named_by(public_id)
     if named is None:
         return False
     key, created = named
-    job = NamedJob(key, consumer.pk, created, created + timedelta(seconds=1))
+    job = NamedJob(key, consumer, created, created + timedelta(seconds=1))
     held = postgres_pull.acknowledge_pull_job(job, target, reason, timezone.now())
     if held is None:
         return False
     verdict = Verdict.DELIVERED if target == DELIVERED else Verdict.DEAD
-    held_report(public_id, consumer, held).log(verdict, reason)
+    held_report(public_id, consumer.consumer_id, held).log(verdict, reason)
     return True
 
 

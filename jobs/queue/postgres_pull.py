@@ -45,7 +45,10 @@ def acknowledge_pull_job(job: NamedJob, target: str, reason: str, now: datetime)
             statement("acknowledge_pull_job"),
             {
                 "job": job.key,
-                "consumer": job.consumer_id,
+                "channel": job.consumer.channel_id,
+                "consumer": job.consumer.consumer_id,
+                "channel_token": job.consumer.channel_token,
+                "stored_token": job.consumer.stored_token,
                 "created_from": job.created_from,
                 "created_until": job.created_until,
                 "target": target,

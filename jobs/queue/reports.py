@@ -141,15 +141,16 @@ def _locked(consumer: Consumer, public_ids: list[str]) -> dict[str, _Held]:
     jobs = {}
     for pk, created, status, *held in postgres_pull.lock_reported(consumer, keys):
         job_id = job_public_id(pk, created)  # an ID with another creation second names no job
-        jobs[job_id] = _Held(pk, status, held_report(job_id, consumer, tuple(held)))
+        jobs[job_id] = _Held(pk, status, held_report(job_id, consumer.public_id, tuple(held)))
     return jobs
 
 
-def held_report(job_id: str, consumer: Consumer, held: HeldRow) -> PullReport:
-    """The log line's values of a job read as HELD_COLUMNS, before its move."""
+def held_report(job_id: str, consumer_id: str, held: HeldRow) -> PullReport:
+    """The log line's values of a job read as HELD_COLUMNS, before its move (`consumer_id`: the
+    consumer's public ID)."""
     attempts, taken_at, message_id, channel, traceparent, tracestate = held
     return PullReport(
-        job_id, message_id, channel, consumer.public_id, attempts, taken_at, traceparent, tracestate
+        job_id, message_id, channel, consumer_id, attempts, taken_at, traceparent, tracestate
     )
 
 

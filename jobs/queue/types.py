@@ -202,12 +202,26 @@ class ReportResult:
 
 
 @dataclass(frozen=True)
+class PullCredentials:
+    """A pull consumer as a request names it and what proves the request may act for it, for a
+    statement that checks both itself (as the publish statement checks a broadcast's tokens):
+    the channel token's SHA-256 digest, and the consumer token's stored text (its ciphertext,
+    broker/crypto.py), whose plain text the caller found to be the token given. The statement
+    acts only if the consumer is still a pull consumer of that channel and both still match."""
+
+    channel_id: str
+    consumer_id: str  # the consumer's public ID
+    channel_token: str  # the digest of the channel token given
+    stored_token: str  # the consumer token's ciphertext, as stored
+
+
+@dataclass(frozen=True)
 class NamedJob:
-    """The job a pull consumer names by its public ID: the row's key, the consumer's, and the
+    """The job a pull consumer names by its public ID: the row's key, the consumer, and the
     creation second the ID also holds (from its start to the next)."""
 
     key: int
-    consumer_id: int
+    consumer: PullCredentials
     created_from: datetime
     created_until: datetime
 

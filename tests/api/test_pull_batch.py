@@ -581,20 +581,6 @@ def acknowledge(client, job: Job | str, state: str = DELIVERED, **fields: object
     )
 
 
-def test_a_single_acknowledgement_is_the_consumer_read_and_one_statement(client, worker):
-    job = job_for(worker)
-
-    with CaptureQueriesContext(connection) as queries:
-        response = acknowledge(client, job)
-
-    assert response.status_code == 202
-    # The consumer with its channel's token hash, then the move: one statement that also returns
-    # what the log line needs.
-    assert len(queries) == 2
-    row = snapshot(job)
-    assert (row["status"], row["lease_expires_at"], row["last_error"]) == (DELIVERED, None, "")
-
-
 @pytest.mark.parametrize(
     ("source", "target", "expected", "after"),
     [

@@ -38,21 +38,35 @@ RETURNING {claimed_job_columns},
 {pull_claim({head_of_key})}
 
 -- name: acknowledge_pull_job
--- A pull consumer's report on one job it holds (DELIVERED or DEAD): the move and what its log
--- line says of the job before it (`held`, read in the statement's snapshot) in one round trip;
--- nothing when the job is not the consumer's or not INFLIGHT (the caller then looks into why).
-WITH held AS (
-    SELECT job.id, job.attempts, job.status_changed_at, message.public_id, message.channel_id,
-        message.traceparent, message.tracestate
-    FROM jobs_job job JOIN broker_message message ON message.id = job.message_id
-    WHERE job.id = %(job)s AND job.consumer_id = %(consumer)s
+-- A pull consumer's report on one job it holds (DELIVERED or DEAD), the request's credentials
+-- checked in the same statement, as the publish statement checks a broadcast's
+-- (types.PullCredentials): the consumer the URL names, still a pull consumer, its channel's
+-- token digest the one given (an ordinary comparison of digests, safe as in publish.sql), its
+-- stored token the text the caller checked the token given against. Then the move, and what its
+-- log line says of the job before it (`held`, read in the statement's snapshot), in one round
+-- trip: a single acknowledgement costs what a broadcast does (docs/performance.md). Nothing moves
+-- when a check fails, or the job is not the consumer's or not INFLIGHT: the caller then looks
+-- into why, and answers as the checks made one by one would. The job is moved by its whole
+-- primary key, (id, partition_at), as the claims match it: the UPDATE then visits its own
+-- partition only (pruned at run time), not every partition's key index.
+WITH consumer AS (
+    SELECT consumer.id
+    FROM consumers_consumer consumer JOIN broker_channel channel ON channel.id = consumer.channel_id
+    WHERE consumer.channel_id = %(channel)s AND consumer.public_id = %(consumer)s
+        AND consumer.type = 'pull' AND consumer.token = %(stored_token)s
+        AND channel.token_hash = %(channel_token)s
+), held AS (
+    SELECT job.id, job.partition_at, job.attempts, job.status_changed_at, message.public_id,
+        message.channel_id, message.traceparent, message.tracestate
+    FROM consumer, jobs_job job JOIN broker_message message ON message.id = job.message_id
+    WHERE job.id = %(job)s AND job.consumer_id = consumer.id
         AND job.created_at >= %(created_from)s AND job.created_at < %(created_until)s
 )
 UPDATE jobs_job job
 SET status = %(target)s, status_changed_at = %(now)s, lease_expires_at = NULL,
     last_error = %(reason)s
 FROM held
-WHERE job.id = held.id AND job.status = 'INFLIGHT'
+WHERE job.id = held.id AND job.partition_at = held.partition_at AND job.status = 'INFLIGHT'
 RETURNING held.attempts, held.status_changed_at, held.public_id, held.channel_id,
     held.traceparent, held.tracestate
 
