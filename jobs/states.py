@@ -14,6 +14,7 @@ class JobStatus(models.TextChoices):
 
 
 QUEUED, INFLIGHT, DELIVERED, DEAD = JobStatus
+PENDING = (QUEUED, INFLIGHT)  # statuses of a job that is still on its way
 
 ALLOWED_TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
     {
