@@ -5,7 +5,7 @@ stack at hand would reach for. One task per webhook (bench/peer_task.py's POST);
 (a connection error, a timeout or a non-2xx answer, and nothing else) is scheduled again with the
 Celery peer's countdown as a one-off django-q2 schedule, since django-q2 has no countdown of its
 own. Tasks are queued with `save=False`: no result is stored for a successful one (the Celery peer
-has no result backend either).
+has no result backend either), then the queue's table is analyzed.
 
 The cluster is `manage.py qcluster` with the broker's own settings (broker/settings.py:
 `Q_CLUSTER`, the ORM broker on the bench's database, its database pool) and
@@ -83,12 +83,15 @@ class DjangoQPeer:
 
     @staticmethod
     def enqueue(webhooks: list[Webhook]) -> None:
+        from django.db import connection
         from django_q.tasks import async_task  # type: ignore[import-untyped,unused-ignore]
 
         logging.getLogger("django-q").setLevel(logging.WARNING)  # not a line per task queued
         for webhook in webhooks:
             headers = webhook.headers("bench-django-q2/1")
             async_task(TASK, webhook.url, webhook.body, headers, save=False)
+        with connection.cursor() as cursor:  # as autovacuum would (this server runs without it)
+            cursor.execute("ANALYZE django_q_ormq")
 
     def start(self, processes: int, log: Path) -> subprocess.Popen[bytes]:
         from dispatch_harness import BENCH, ROOT, start_process

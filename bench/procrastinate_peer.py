@@ -3,8 +3,9 @@
 One job per webhook (bench/peer_task.py's POST), retried by a retry strategy with the Celery
 peer's schedule on a connection error, a timeout or a non-2xx answer, and on nothing else. The
 queue lives in a database of its own on the bench's PostgreSQL server, `bench_procrastinate`
-(created with procrastinate's schema and dropped by the bench). procrastinate's defaults
-otherwise: LISTEN/NOTIFY for new jobs, finished jobs kept in `procrastinate_jobs`.
+(created with procrastinate's schema and dropped by the bench), whose jobs table is analyzed
+once the jobs are deferred. procrastinate's defaults otherwise: LISTEN/NOTIFY for new jobs,
+finished jobs kept in `procrastinate_jobs`.
 
 Its workers are single processes running one job at a time (`--concurrency 1`: requests blocks,
 and procrastinate runs a synchronous task in a thread); the bench runs as many as the run has
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import procrastinate  # type: ignore[import-not-found,unused-ignore]
+import psycopg
 from peer_task import MAX_RETRIES, DeliveryFailed, post_webhook, retry_countdown
 
 if TYPE_CHECKING:
@@ -120,6 +122,11 @@ class ProcrastinatePeer:
         with app.open():
             for start in range(0, len(jobs), DEFER_BATCH):
                 send_webhook.batch_defer(*jobs[start : start + DEFER_BATCH])
+        # What autovacuum would do after such an insert (this server runs without it): without
+        # statistics the fetch read and sorted every queued job, 7.9 ms against 0.3 ms with
+        # 2,500 queued (EXPLAIN ANALYZE).
+        with psycopg.connect(CONNINFO, autocommit=True) as connection:
+            connection.execute("ANALYZE procrastinate_jobs")
 
     @staticmethod
     def start(processes: int, log: Path) -> subprocess.Popen[bytes]:
