@@ -33,14 +33,14 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 
 from jobs.partitions.catalog import JOBS, partitions
-from jobs.states import PENDING
+from jobs.states import PENDING_SQL
 
 REFRESH_SECONDS = 10.0
 RECENT_MARGIN = timedelta(hours=1)
 REOPENED_CHANNEL = "broker_jobs_reopened"
 EARLIEST = datetime.min.replace(tzinfo=UTC)  # the bound when the initial partition is pending
 
-_PENDING = "status IN (" + ", ".join(f"'{status.value}'" for status in PENDING) + ")"
+_PENDING = f"status IN {PENDING_SQL}"
 _PROBE = "SELECT EXISTS (SELECT FROM {table} WHERE " + _PENDING + ")"  # noqa: S608
 _DEFAULT_AND_NOW = f"SELECT (SELECT min({JOBS.key}) FROM {JOBS.default} WHERE {_PENDING}), now()"  # noqa: S608
 
