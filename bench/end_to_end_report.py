@@ -104,18 +104,28 @@ HEADER = (
 
 
 def print_result(steps: list[Step], args: argparse.Namespace) -> None:
-    """The TARGET/RESULT line and, at the result's rate, where the CPU went."""
+    """Every step's check, the TARGET/RESULT line and, at the result's rate, where the CPU
+    went."""
+    checks = [step.check for step in steps]
+    print(
+        f"\nchecked: {sum(c.expected for c in checks):,} jobs of {len(steps)} steps,"
+        f" {sum(c.requests for c in checks):,} requests at the receiver,"
+        f" {sum(c.duplicates for c in checks)} duplicates, {sum(c.missing for c in checks)}"
+        f" missing, {sum(c.unexpected for c in checks)} not DELIVERED,"
+        f" {sum(c.retried for c in checks)} retried"
+        f" -> {'OK' if all(c.ok for c in checks) else 'MISMATCH'}"
+    )
     passing = 0
     while passing < len(steps) and not steps[passing].faults(args.p99_ms):
         passing += 1
     target = f"p99 publish → delivery <= {args.p99_ms:g} ms, nothing behind"
     if not passing:
-        print(f"\nTARGET {target}: RESULT none of the steps passed")
+        print(f"TARGET {target}: RESULT none of the steps passed")
         return
     best = steps[passing - 1]
     later = [step.rate for step in steps[passing:] if not step.faults(args.p99_ms)]
     print(
-        f"\nTARGET {target}: RESULT {best.published.rate:,.0f} msg/s"
+        f"TARGET {target}: RESULT {best.published.rate:,.0f} msg/s"
         f" ({best.rate:,.0f}/s asked; {len(CONSUMERS) * best.published.rate:,.0f}"
         f" deliveries/s): publish → delivery p50 {percentile(best.delivery_ms, 0.5):.1f} ms,"
         f" p99 {percentile(best.delivery_ms, 0.99):.1f} ms; of which HTTP publish p50/p99"
