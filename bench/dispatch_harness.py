@@ -317,20 +317,35 @@ JOIN consumers_consumer c ON c.id = j.consumer_id
 """
 
 
-def verify(bench: Bench, received: dict[str, list[float]], *, touched_only: bool = False) -> Check:
+def verify(
+    bench: Bench, received: dict[str, list[float]], *, touched_only: bool = False, prefix: str = ""
+) -> Check:
     """Compare the jobs in the database with what the receiver got.
 
     touched_only: only jobs that left QUEUED or were delivered (a drain stopped midway through a
     backlog); the QUEUED rest must then be untouched (attempts 0).
+    prefix: only the jobs of messages whose ID begins so, and what the receiver got of them (one
+    step of bench/end_to_end.py).
     """
-    where = " WHERE j.status <> 'QUEUED' OR j.attempts <> 0" if touched_only else ""
-    rows = bench.db.execute(JOBS_SQL + where).fetchall()
+    where = " WHERE starts_with(m.public_id, %(prefix)s)"
+    where += " AND (j.status <> 'QUEUED' OR j.attempts <> 0)" if touched_only else ""
+    rows = bench.db.execute(JOBS_SQL + where, {"prefix": prefix}).fetchall()
     delivered = {key for key, status, _ in rows if status == "DELIVERED"}
     check = Check(expected=len(rows) if not touched_only else len(delivered))
     check.statuses = Counter(status for _, status, _ in rows)
     check.retried = sum(attempts > 1 for _, _, attempts in rows)
-    check.attempt_rows = int(bench.scalar("SELECT count(*) FROM jobs_deliveryattempt"))
-    count_receipts(check, received, delivered)
+    check.attempt_rows = int(
+        bench.scalar(
+            "SELECT count(*) FROM jobs_deliveryattempt a JOIN jobs_job j ON j.id = a.job_id"
+            " JOIN broker_message m ON m.id = j.message_id"
+            " WHERE starts_with(m.public_id, %(prefix)s)",
+            {"prefix": prefix},
+        )
+        if prefix
+        else bench.scalar("SELECT count(*) FROM jobs_deliveryattempt")
+    )
+    ours = {key: seen for key, seen in received.items() if key.startswith(prefix)}
+    count_receipts(check, ours, delivered)
     return check
 
 
