@@ -1,31 +1,28 @@
-"""The push claim against the number of time partitions of jobs (issue 21): how long the
-dispatcher's claim (`jobs.queue.claim_for_push(10)`, in a transaction rolled back) takes as the
-jobs table has more partitions, under each of PostgreSQL's `plan_cache_mode` settings.
+"""The push claim against the number of time partitions of jobs (issues 21 and 40): how long
+`jobs.queue.claim_for_push(10)`, rolled back, takes as jobs have more partitions, under each of
+PostgreSQL's `plan_cache_mode` settings. The claim plans only the partitions that can hold
+pending work (jobs/partitions/pending.py); issue 40's target, a flat claim of at most 10 ms at 94
+partitions, gets a TARGET line. Also printed: the time to work out the claim's lower bound once
+(a process does so every 10 s at most).
 
-No bound: the figures are those of docs/performance.md's table "partitions of jobs" (the claim
-is planned over every partition, as its status and consumer are not the partition key), and the
-reason BROKER_PARTITION_DAYS defaults to 7.
+Each layout DAYSxHISTORY is a fresh database `bench_claimparts_DAYSxHISTORY`, migrated with
+BROKER_PARTITION_DAYS=DAYS, with partitions over the last HISTORY days (`ensure_partitions`), 10
+push consumers (callbacks on http://127.0.0.1:9/, never called), --jobs DELIVERED jobs spread
+over the history, --jobs QUEUED due jobs made in the last hour (pending work is young) and
+--old-pending QUEUED jobs at the far end of the history (an old backlog: the claim then plans
+every partition), then VACUUM (ANALYZE). A child process with the broker's database settings
+(prepared statements, JIT off, no pool: a closed connection is a new session) opens a session
+per `plan_cache_mode`, runs --warmup claims and times --runs more, each of which must claim 10
+jobs (exit 1 otherwise); then EXPLAIN (ANALYZE) of the claim with its values written in.
 
-Each layout DAYSxHISTORY is a fresh database `bench_claimparts_DAYSxHISTORY`: migrated with
-BROKER_PARTITION_DAYS=DAYS, partitions over the last HISTORY days made by the broker's own
-`jobs.partitions.ensure_partitions` (0 days: the database as migrated), a channel of 10 push
-consumers (callbacks on http://127.0.0.1:9/, never called) and --jobs QUEUED jobs, all due,
-spread over the history, then VACUUM (ANALYZE). A child process on that database (Django binds
-to one) with the broker's database settings as shipped (prepared statements, JIT off; no pool,
-so that a closed connection is a new session) opens a new session for each `plan_cache_mode`,
-runs --warmup claims and times --runs more, each of which must claim 10 jobs: exits 1 if one
-claimed fewer. Also EXPLAIN (ANALYZE) of the claim's statement with its values written in
-(planned for them): planning and execution time. The databases are dropped after, unless --keep.
-
-A claim rolled back is never a prepared statement: psycopg forgets its prepared statements at
-every rollback, so each claim goes out unnamed with its parameters and PostgreSQL plans it anew
-every time, for its values (`auto`, `force_custom_plan`: the same here) or generically
-(`force_generic_plan`, which holds for unnamed statements too). A dispatcher's claims commit: its
-session prepares the claim at the 6th, and `auto` may then settle on the generic plan after 5
-custom ones; `force_generic_plan` shows what that plan costs. The second table says whether the
-claim was prepared in the session, to show this.
+A claim rolled back is never a prepared statement (psycopg forgets them at a rollback): each is
+planned anew for its values (`auto`, `force_custom_plan`) or generically (`force_generic_plan`).
+A dispatcher's claims commit: its session prepares the claim at the 6th, and `auto` may then
+settle on a generic plan; `force_generic_plan` shows what that costs, and the second table
+whether the claim was prepared.
 
     .venv/bin/python bench/claim_partitions.py             # 7x0, 7x33, 1x33, 1x90; 10,000 jobs
+    .venv/bin/python bench/claim_partitions.py --old-pending 10    # with an old backlog
     .venv/bin/python bench/claim_partitions.py --layouts 7x10 --jobs 500 --runs 5   # a smoke run
 """
 
@@ -45,6 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from claim_partitions_report import CLAIM, EXPLAINS, MODES, print_report
 from dispatch_harness import (
     CHANNEL,
     PAYLOAD,
@@ -54,39 +52,35 @@ from dispatch_harness import (
     broker_environment,
     drop_database,
     machine,
-    percentile,
     prepare,
     process_cpu,
 )
 from psycopg import ClientCursor
-from scale import json_of_child, print_rows, rolled_back_claim
+from scale import json_of_child, rolled_back_claim
 from ui import create_database, database_url, migrate
 
-CLAIM = 10  # jobs per claim, as the probes of scale.py claim
 CONSUMERS = 10
 DISCARD_PORT = 9  # the consumers' callbacks: nothing is delivered
-MODES = ("auto", "force_custom_plan", "force_generic_plan")
-EXPLAINS = 5  # EXPLAIN (ANALYZE) runs of the claim per layout (the median is reported)
 NO_HISTORY_SPREAD = timedelta(hours=1)  # where the jobs of a database without history fall
 
-# Messages spread evenly over the history back from now, one QUEUED job each per consumer, due
-# since its creation and in the time partition of its creation.
+# Messages spread evenly over `spread` back from `until`, one job each per consumer in `status`,
+# due since its creation and in the time partition of its creation.
 JOBS_SQL = """
 WITH message AS (
     INSERT INTO broker_message (channel_id, producer_id, public_id, payload, payload_file,
         payload_size, content_type, priority, headers, ordering_key, status, received_at,
         dispatched_at)
-    SELECT %(channel)s, %(producer)s, 'claimparts-' || g, %(payload)s::bytea, '',
+    SELECT %(channel)s, %(producer)s, %(prefix)s || g, %(payload)s::bytea, '',
         length(%(payload)s::bytea), 'application/json', 0, '{}'::jsonb, '', 'DISPATCHED', t, t
     FROM generate_series(1, %(messages)s::int) AS g,
-        LATERAL (SELECT %(now)s::timestamptz
+        LATERAL (SELECT %(until)s::timestamptz
                         - %(spread)s::interval * (g::float8 / %(messages)s::int) AS t) AS at
     RETURNING id, received_at
 )
 INSERT INTO jobs_job (message_id, consumer_id, status, priority, ordering_key, attempts,
     next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at, enqueued_at,
     partition_at)
-SELECT message.id, consumer.id, 'QUEUED', 0, '', 0, message.received_at, 0, '',
+SELECT message.id, consumer.id, %(status)s, 0, '', 0, message.received_at, 0, '',
     message.received_at, message.received_at, message.received_at, message.received_at
 FROM message CROSS JOIN unnest(%(consumers)s::bigint[]) AS consumer(id)
 ORDER BY message.id, consumer.id
@@ -139,7 +133,12 @@ def arguments() -> argparse.Namespace:
         default=layouts("7x0,7x33,1x33,1x90"),
         help="DAYSxHISTORY,...: BROKER_PARTITION_DAYS and the days of partitions back from now",
     )
-    parser.add_argument("--jobs", type=int, default=10_000, help="QUEUED jobs, all due")
+    parser.add_argument(
+        "--jobs", type=int, default=10_000, help="QUEUED jobs, all due; as many DELIVERED"
+    )
+    parser.add_argument(
+        "--old-pending", type=int, default=0, help="QUEUED jobs more, as old as the partitions"
+    )
     parser.add_argument("--runs", type=int, default=20, help="timed claims per plan_cache_mode")
     parser.add_argument("--warmup", type=int, default=10, help="claims before, not timed")
     parser.add_argument("--keep", action="store_true", help="leave the databases in place")
@@ -153,34 +152,57 @@ def arguments() -> argparse.Namespace:
 # --- the child: one layout's database, filled and measured ----------------------------------
 
 
-def fill(layout: Layout, jobs: int) -> int:
-    """The layout's partitions, consumers and due jobs, vacuumed; the partitions of jobs."""
+def fill(layout: Layout, jobs: int, old_pending: int) -> int:
+    """The layout's partitions, consumers and jobs (module docstring), vacuumed; the partitions
+    of jobs."""
     from django.utils import timezone
 
     from jobs import partitions
 
     now = timezone.now()
-    partitions.ensure_partitions(now, since=now - timedelta(days=layout.history_days))
+    history = timedelta(days=layout.history_days)
+    partitions.ensure_partitions(now, since=now - history)
     # prepare() uses only the bench's connection: no dispatchers here, no logs.
     bench = Bench(argparse.Namespace(), os.environ["DATABASE_URL"], ROOT)
     try:
         consumers = prepare(bench, CONSUMERS, DISCARD_PORT)
-        bench.db.execute(
-            JOBS_SQL,
-            {
-                "channel": CHANNEL,
-                "producer": PRODUCER,
-                "payload": PAYLOAD.encode(),
-                "messages": math.ceil(jobs / CONSUMERS),
-                "now": now,
-                "spread": timedelta(days=layout.history_days) or NO_HISTORY_SPREAD,
-                "consumers": consumers,
-            },
-        )
+        batches = [
+            ("finished-", "DELIVERED", jobs, now, history or NO_HISTORY_SPREAD),
+            ("young-", "QUEUED", jobs, now, NO_HISTORY_SPREAD),
+            ("old-", "QUEUED", old_pending, now - history + NO_HISTORY_SPREAD, NO_HISTORY_SPREAD),
+        ]
+        for prefix, status, count, until, spread in batches:
+            if count:
+                parameters = {"channel": CHANNEL, "producer": PRODUCER, "consumers": consumers}
+                bench.db.execute(
+                    JOBS_SQL,
+                    {
+                        **parameters,
+                        "prefix": f"claimparts-{prefix}",
+                        "status": status,
+                        "payload": PAYLOAD.encode(),
+                        "messages": math.ceil(count / CONSUMERS),
+                        "until": until,
+                        "spread": spread,
+                    },
+                )
         bench.db.execute("VACUUM (ANALYZE)")  # as autovacuum would have left the tables
         return int(bench.scalar(PARTITIONS_SQL))
     finally:
         bench.db.close()
+
+
+def bound_ms() -> float:
+    """Working out the claim's lower bound of partitions once (jobs/partitions/pending.py), ms:
+    the median of EXPLAINS."""
+    from jobs.partitions import pending
+
+    times = []
+    for _ in range(EXPLAINS):
+        started = time.perf_counter()
+        pending.oldest_pending_partition_at()
+        times.append(1000 * (time.perf_counter() - started))
+    return statistics.median(times)
 
 
 def cpu_seconds(backend: int) -> tuple[float | None, float]:
@@ -264,7 +286,7 @@ def child_main(args: argparse.Namespace) -> None:
 
     django.setup()
     started = time.monotonic()
-    found = fill(args.child, args.jobs)
+    found = fill(args.child, args.jobs, args.old_pending)
     filled = time.monotonic() - started
     modes = {mode: measure_mode(mode, args.warmup, args.runs) for mode in MODES}
     explained = [explained_claim() for _ in range(EXPLAINS)]
@@ -274,6 +296,7 @@ def child_main(args: argparse.Namespace) -> None:
         "modes": modes,
         "planning_ms": statistics.median(planning for planning, _ in explained),
         "execution_ms": statistics.median(execution for _, execution in explained),
+        "bound_ms": bound_ms(),
     }
     print(json.dumps(figures), flush=True)
 
@@ -294,7 +317,8 @@ def measure_layout(layout: Layout, args: argparse.Namespace) -> dict[str, Any]:
     migrate(env)
     command = [
         sys.executable, __file__, "--child", layout.text, "--jobs", str(args.jobs),
-        "--runs", str(args.runs), "--warmup", str(args.warmup),
+        "--old-pending", str(args.old_pending), "--runs", str(args.runs),
+        "--warmup", str(args.warmup),
     ]  # fmt: skip
     result = json_of_child(command, env, layout.text)
     auto = statistics.median(result["modes"]["auto"]["times_ms"])
@@ -304,64 +328,6 @@ def measure_layout(layout: Layout, args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     return result
-
-
-def claimed_text(claimed: list[int]) -> str:
-    return str(CLAIM) if set(claimed) == {CLAIM} else f"SHORT: {min(claimed)}-{max(claimed)}"
-
-
-def ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def print_report(results: list[tuple[Layout, dict[str, Any]]], args: argparse.Namespace) -> None:
-    print(
-        f"\n## the push claim against partitions of jobs: claim_for_push({CLAIM}) rolled back,"
-        f" ms, median / p90 of {args.runs} after {args.warmup}; {args.jobs:,} due jobs\n"
-    )
-    rows = [
-        ("layout", "partitions of jobs", "claimed per claim",
-         *(f"{mode}: median / p90" for mode in MODES), "EXPLAIN: planning / execution"),
-    ]  # fmt: skip
-    for layout, r in results:
-        claimed = [n for mode in MODES for n in r["modes"][mode]["claimed"]]
-        times = [r["modes"][mode]["times_ms"] for mode in MODES]
-        rows.append(
-            (
-                layout.label,
-                str(r["partitions"]),
-                claimed_text(claimed),
-                *(f"{ms(statistics.median(t))} / {ms(percentile(t, 0.9))}" for t in times),
-                f"{ms(r['planning_ms'])} / {ms(r['execution_ms'])}",
-            )
-        )
-    print_rows(rows)
-    print(
-        "(partitions of jobs: pg_inherits, the DEFAULT partition among them. EXPLAIN (ANALYZE):"
-        f" the claim's statement with its values written in, median of {EXPLAINS}.)\n"
-    )
-    rows = [
-        ("layout", "plan_cache_mode", "claim prepared: generic / custom plans",
-         "CPU ms per claim: PostgreSQL backend / this bench"),
-    ]  # fmt: skip
-    for layout, r in results:
-        for mode in MODES:
-            figures = r["modes"][mode]
-            plans = figures["plans"]
-            rows.append(
-                (
-                    layout.text,
-                    mode,
-                    f"yes: {plans[0]} / {plans[1]}" if plans else "no",
-                    f"{ms(figures['server_cpu_ms'])} / {ms(figures['own_cpu_ms'])}",
-                )
-            )
-    print_rows(rows)
-    print(
-        "(prepared: the claim's statement in that session, after the timed claims. CPU over"
-        " the timed claims, from /proc in clock ticks: '-' where PostgreSQL's processes are not"
-        " visible.)"
-    )
 
 
 def main() -> None:

@@ -1,11 +1,15 @@
-"""Push delivery: `manage.py dispatch` throughput, latency and memory, and Celery side by side.
+"""Push delivery: `manage.py dispatch` throughput, latency and memory, and its peers side by side.
 
 Scenarios (`--scenario`, comma-separated, default `all`):
 
     drain    10,000 queued jobs delivered to a fast receiver by 1 and 2 dispatcher processes,
              with 1 and 10 push consumers; every job must arrive exactly once
-    celery   the same jobs sent by Celery 5 + requests (RabbitMQ on 127.0.0.1:5672) with as many
-             prefork worker processes as dispatchers; our rate / Celery's
+    peers    the same jobs as webhooks sent with requests by Celery 5 (RabbitMQ on
+             127.0.0.1:5672), procrastinate and django-q2 (both on PostgreSQL), each with as many
+             worker processes as dispatchers, beside our drain: one table of deliveries/s, CPU
+             per delivery (workers and broker) and exactly-once; our rate / Celery's judged
+             (bench/peers.py; --peers picks some)
+    celery   peers with Celery alone (not in `all`)
     slow     a receiver that answers after 200 ms: one dispatcher with enough concurrency
     latency  publish -> arrival at the receiver at 500 and 2,000 messages/s offered, one
              dispatcher that waits idle for NOTIFY; `broker.publish()` (or `publish_many()` with
@@ -35,12 +39,12 @@ the dispatchers get SIGTERM, and the script checks with SQL and the receiver's c
 job was delivered exactly once. It talks to 127.0.0.1 only, stops by itself and drops the database.
 
     .venv/bin/python bench/dispatch.py                         # everything, about 6 minutes
-    .venv/bin/python bench/dispatch.py --scenario drain,celery
+    .venv/bin/python bench/dispatch.py --scenario peers --jobs 5000 --dispatchers 1
     .venv/bin/python bench/dispatch.py --scenario rss --rss-seconds 600 --rss-rate 2000
     .venv/bin/python bench/dispatch.py --help
 
-The celery scenario needs `.venv/bin/pip install -r bench/requirements.txt` and RabbitMQ
-(`rabbitmq-server -detached`).
+The peers need `.venv/bin/pip install -r bench/requirements.txt`, and Celery RabbitMQ
+(`rabbitmq-server -detached`); a peer that cannot run is named in the table with the reason.
 """
 
 from __future__ import annotations
@@ -49,8 +53,6 @@ import argparse
 import functools
 import itertools
 import math
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,11 +62,9 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psycopg
 from dispatch_harness import (
-    BENCH,
     CHANNEL,
     HOST,
     PAYLOAD,
@@ -76,15 +76,12 @@ from dispatch_harness import (
     Drain,
     Receivers,
     close_django_connections,
-    count_receipts,
     cpu_by_group,
     cpu_table,
     dispatchers,
     drain_ours,
     drain_queued,
-    drain_timeout,
     fresh_database,
-    log_tail,
     machine,
     percentile,
     prepare,
@@ -93,26 +90,24 @@ from dispatch_harness import (
     receivers,
     rss_mb,
     setup_django,
-    start_process,
-    stop_process,
     verify,
     wait_for,
     wait_for_delivered,
 )
+from peers import PEERS, scenario_celery, scenario_peers
 from psycopg import sql
 from steady_publish import publish_steadily
 
-RABBITMQ_PORT = 5672
 SCENARIOS = [
-    "drain", "celery", "slow", "latency", "backlog", "rss", "ordered", "scheduled", "ratelimit"
+    "drain", "peers", "celery", "slow", "latency", "backlog", "rss", "ordered", "scheduled",
+    "ratelimit",
 ]  # fmt: skip
+EVERY_SCENARIO = [name for name in SCENARIOS if name != "celery"]  # `peers` runs Celery too
 BACKLOG_KINDS = ["due", "future", "paused"]
-CELERY_APPLICATION = "celery_peer"  # bench/celery_peer.py
 
 # The issue's targets.
 DRAIN_TARGETS = {1: 2000, 2: 3500}  # deliveries/s by dispatcher processes
 DRAIN_STRETCH = 5000  # with two
-CELERY_RATIO = 3.0
 SLOW_TARGET = 1000
 LATENCY_P50_MS, LATENCY_P99_MS = 10.0, 50.0
 LATENCY_P50_RATE = 500.0  # p50 is judged at the issue's 500/s; p99 at every rate
@@ -157,130 +152,6 @@ def judge_drain(bench: Bench, drain: Drain, processes: int) -> None:
             f"stretch >= {DRAIN_STRETCH:,}/s with 2",
             complete and drain.rate >= DRAIN_STRETCH,
         )
-
-
-def rabbitmq_up() -> bool:
-    try:
-        socket.create_connection((HOST, RABBITMQ_PORT), timeout=2).close()
-    except OSError:
-        return False
-    return True
-
-
-def scenario_celery(bench: Bench) -> None:
-    args = bench.args
-    consumers = max(args.consumers)
-    print(
-        f"\n== celery: the same {args.jobs} webhooks through Celery 5 + requests,"
-        f" {args.celery_pool} pool, RabbitMQ on {HOST}:{RABBITMQ_PORT}; {consumers} consumer URLs"
-    )
-    if not rabbitmq_up():
-        print("  RabbitMQ does not answer on 127.0.0.1:5672 (start it: rabbitmq-server -detached)")
-        bench.verdict("celery", "not run", f"ours / Celery >= {CELERY_RATIO:g}", False)
-        return
-    sys.path.insert(0, str(BENCH))
-    import celery_peer
-
-    with ExitStack() as stack:
-        sinks = stack.enter_context(receivers(bench))
-        stack.callback(remove_celery_queue, celery_peer)
-        for processes in args.dispatchers:
-            concurrency = args.celery_concurrency or processes
-            celery = drain_celery(bench, celery_peer, sinks, processes, concurrency, consumers)
-            ours = bench.drains.get((consumers, processes))
-            if ours is None:
-                ids = prepare(bench, consumers, sinks.port, args.max_in_flight or None)
-                options = bench.options()
-                label = f"ours, {processes} dispatcher(s), {consumers} consumer(s)"
-                ours = drain_queued(bench, sinks, label, processes, options, ids)
-                bench.drains[consumers, processes] = ours
-            ratio = ours.rate / celery.rate if celery.rate else math.inf
-            ok = ours.check.ok and celery.check.ok and not (ours.timed_out or celery.timed_out)
-            bench.verdict(
-                "celery",
-                f"{processes} process(es): ours {ours.rate:,.0f}/s / Celery {celery.rate:,.0f}/s"
-                f" = {ratio:.1f}x",
-                f"ours / Celery >= {CELERY_RATIO:g}x",
-                ok and ratio >= CELERY_RATIO,
-            )
-
-
-def remove_celery_queue(peer: Any) -> None:
-    """Leave RabbitMQ as it was: no bench queue, no bench exchange."""
-    with peer.app.connection_for_write() as connection:
-        connection.default_channel.queue_delete(peer.QUEUE)
-        connection.default_channel.exchange_delete(peer.QUEUE)
-
-
-def drain_celery(
-    bench: Bench, peer: Any, sinks: Receivers, processes: int, concurrency: int, consumers: int
-) -> Drain:
-    """Enqueue one task per job with the worker stopped, then start it and time the drain."""
-    args = bench.args
-    messages = math.ceil(args.jobs / consumers)
-    jobs = [(f"k{g}", f"c{n}") for g in range(1, messages + 1) for n in range(consumers)]
-    sinks.reset()
-    peer.app.control.purge()
-    enqueue_started = time.perf_counter()
-    with peer.app.producer_or_acquire() as producer:
-        for message_id, consumer in jobs:
-            peer.send_webhook.apply_async(
-                (
-                    f"http://{HOST}:{sinks.port}/{consumer}",
-                    PAYLOAD,
-                    celery_headers(message_id, consumer),
-                ),
-                producer=producer,
-            )
-    print(f"  enqueued {len(jobs)} tasks in {time.perf_counter() - enqueue_started:.1f} s")
-    pool = ["--pool", args.celery_pool, "--concurrency", str(concurrency)]
-    command = [
-        sys.executable, "-m", "celery", "-A", CELERY_APPLICATION, "worker", *pool,
-        "--loglevel", "WARNING", "-Q", peer.QUEUE, "-n", f"bench-{os.getpid()}@%h",
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ]  # fmt: skip
-    # Not this process's Django settings: Celery would load its Django fix-up for them.
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = str(BENCH)
-    log = bench.logs / f"celery-{processes}.log"
-    worker = start_process(command, log, env, cwd=BENCH)
-    try:
-        wait_for(lambda: sinks.summary()[0], 1, 60, lambda: worker.poll() is None)
-        before = cpu_table()  # from the first request: the worker's start-up is not counted
-        finished, timed_out = wait_for(
-            lambda: sinks.summary()[1],
-            len(jobs),
-            drain_timeout(bench, len(jobs)),
-            lambda: worker.poll() is None,
-        )
-        after = cpu_table()
-    finally:
-        if worker.poll() is not None:
-            print(f"  the celery worker exited early:\n{log_tail(log)}")
-        stop_process(worker, "celery worker")
-    received = sinks.received()
-    check = Check(expected=len(jobs))
-    count_receipts(check, received, {f"{m} {c}" for m, c in jobs})
-    first = min((seen[1] for seen in received.values()), default=finished)
-    cpu = cpu_by_group(before, after, {"celery": {worker.pid}, "receiver": sinks.pids}, True)
-    label = f"Celery, {args.celery_pool} --concurrency {concurrency}"
-    drain = Drain(label, len(jobs), first, finished, cpu, check, timed_out)
-    drain.report()
-    return drain
-
-
-def celery_headers(message_id: str, consumer: str) -> dict[str, str]:
-    """The headers our dispatcher sends, but for the signature (the task signs)."""
-    return {
-        "Content-Type": "application/json",
-        "X-Broker-Message-ID": message_id,
-        "X-Broker-Message-Priority": "0",
-        "X-Broker-Channel-ID": CHANNEL,
-        "X-Broker-Consumer-ID": consumer,
-        "X-Broker-Consumer-Token": "t" * 43,
-        "X-Request-ID": os.urandom(16).hex(),
-        "User-Agent": "bench-celery/1",
-    }
 
 
 def scenario_slow(bench: Bench) -> None:
@@ -909,9 +780,11 @@ def numbers(text: str) -> list[float]:
     return [float(part) for part in text.split(",")]
 
 
-def names(choices: list[str]) -> Callable[[str], list[str]]:
+def names(choices: list[str], every: list[str] | None = None) -> Callable[[str], list[str]]:
+    """Comma-separated names of `choices`, or "all" for `every` (default: all of them)."""
+
     def parse(text: str) -> list[str]:
-        chosen = choices if text == "all" else text.split(",")
+        chosen = (every or choices) if text == "all" else text.split(",")
         if unknown := set(chosen) - set(choices):
             raise argparse.ArgumentTypeError(f"unknown: {', '.join(sorted(unknown))}")
         return chosen
@@ -926,10 +799,12 @@ def parse_arguments() -> argparse.Namespace:
     )
     add = parser.add_argument
     # String defaults go through `type` like given values, so --help shows them as typed.
-    add("--scenario", type=names(SCENARIOS), default="all", help=",".join(SCENARIOS) + " or all")
+    scenarios = names(SCENARIOS, EVERY_SCENARIO)
+    add("--scenario", type=scenarios, default="all", help=",".join(SCENARIOS) + " or all")
     add("--jobs", type=int, default=10000, help="jobs per drain")
     add("--consumers", type=integers, default="1,10", help="drain: push consumers, a run each")
-    add("--dispatchers", type=integers, default="1,2", help="drain, celery: processes, a run each")
+    add("--dispatchers", type=integers, default="1,2", help="drain, peers: processes, a run each")
+    add("--peers", type=names(PEERS), default="all", help="peers: " + ",".join(PEERS) + " or all")
     add("--concurrency", type=int, default=128, help="manage.py dispatch --concurrency")
     add("--max-in-flight", type=int, default=0, help="consumers' maxInFlight (0: not set)")
     add("--batch-size", type=int, default=100, help="manage.py dispatch --batch-size")
@@ -978,6 +853,7 @@ def parse_arguments() -> argparse.Namespace:
 
 RUNNERS: dict[str, Callable[[Bench], None]] = {
     "drain": scenario_drain,
+    "peers": scenario_peers,
     "celery": scenario_celery,
     "slow": scenario_slow,
     "latency": scenario_latency,

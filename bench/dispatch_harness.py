@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import psycopg
 from psycopg import sql
@@ -177,13 +177,19 @@ def drop_database(name: str = DATABASE) -> None:
         )
 
 
-@contextmanager
-def fresh_database(name: str = DATABASE) -> Iterator[str]:
+def create_database(name: str) -> str:
+    """An empty database `name` (dropped first if left over); its URL."""
     drop_database(name)
     with admin_connection() as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return f"postgres://{PG_USER}@{HOST}:{PG_PORT}/{name}"
+
+
+@contextmanager
+def fresh_database(name: str = DATABASE) -> Iterator[str]:
+    url = create_database(name)
     try:
-        yield f"postgres://{PG_USER}@{HOST}:{PG_PORT}/{name}"
+        yield url
     finally:
         drop_database(name)
 
@@ -311,20 +317,35 @@ JOIN consumers_consumer c ON c.id = j.consumer_id
 """
 
 
-def verify(bench: Bench, received: dict[str, list[float]], *, touched_only: bool = False) -> Check:
+def verify(
+    bench: Bench, received: dict[str, list[float]], *, touched_only: bool = False, prefix: str = ""
+) -> Check:
     """Compare the jobs in the database with what the receiver got.
 
     touched_only: only jobs that left QUEUED or were delivered (a drain stopped midway through a
     backlog); the QUEUED rest must then be untouched (attempts 0).
+    prefix: only the jobs of messages whose ID begins so, and what the receiver got of them (one
+    step of bench/end_to_end.py).
     """
-    where = " WHERE j.status <> 'QUEUED' OR j.attempts <> 0" if touched_only else ""
-    rows = bench.db.execute(JOBS_SQL + where).fetchall()
+    where = " WHERE starts_with(m.public_id, %(prefix)s)"
+    where += " AND (j.status <> 'QUEUED' OR j.attempts <> 0)" if touched_only else ""
+    rows = bench.db.execute(JOBS_SQL + where, {"prefix": prefix}).fetchall()
     delivered = {key for key, status, _ in rows if status == "DELIVERED"}
     check = Check(expected=len(rows) if not touched_only else len(delivered))
     check.statuses = Counter(status for _, status, _ in rows)
     check.retried = sum(attempts > 1 for _, _, attempts in rows)
-    check.attempt_rows = int(bench.scalar("SELECT count(*) FROM jobs_deliveryattempt"))
-    count_receipts(check, received, delivered)
+    check.attempt_rows = int(
+        bench.scalar(
+            "SELECT count(*) FROM jobs_deliveryattempt a JOIN jobs_job j ON j.id = a.job_id"
+            " JOIN broker_message m ON m.id = j.message_id"
+            " WHERE starts_with(m.public_id, %(prefix)s)",
+            {"prefix": prefix},
+        )
+        if prefix
+        else bench.scalar("SELECT count(*) FROM jobs_deliveryattempt")
+    )
+    ours = {key: seen for key, seen in received.items() if key.startswith(prefix)}
+    count_receipts(check, ours, delivered)
     return check
 
 
@@ -486,17 +507,29 @@ def dispatchers(
 
 # --- CPU and memory from /proc (Linux) ------------------------------------------------------
 
-CpuTable = dict[int, tuple[int, str, float]]  # pid -> (parent pid, command, CPU seconds)
+
+class ProcessCpu(NamedTuple):
+    parent: int
+    command: str
+    cpu: float  # its own CPU seconds so far
+    # And of its children that have ended and been waited for: a worker process that a pool
+    # replaced is still counted, by its parent.
+    ended_children: float
 
 
-def process_stat(pid: int | str) -> tuple[int, str, float]:
-    """(parent pid, command, CPU seconds so far) of one process, from /proc/PID/stat."""
+CpuTable = dict[int, ProcessCpu]  # by pid
+
+
+def process_stat(pid: int | str) -> ProcessCpu:
+    """A process's parent, command and CPU so far, from /proc/PID/stat."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     command = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat[stat.rindex(")") + 2 :].split()
-    # fields[1]: parent pid; fields[11], fields[12]: utime, stime in clock ticks (man 5 proc).
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return int(fields[1]), command, cpu
+    # fields[1]: parent pid; fields[11] to [14]: utime, stime, cutime, cstime in clock ticks
+    # (man 5 proc).
+    own, children = (int(fields[n]) + int(fields[n + 1]) for n in (11, 13))
+    tick = os.sysconf("SC_CLK_TCK")
+    return ProcessCpu(int(fields[1]), command, own / tick, children / tick)
 
 
 def cpu_table() -> CpuTable:
@@ -510,26 +543,50 @@ def cpu_table() -> CpuTable:
     return table
 
 
+def descendants(table: CpuTable, roots: set[int]) -> set[int]:
+    """`roots` and every process below them in `table`."""
+    members = roots & table.keys()
+    while grown := {pid for pid, process in table.items() if process.parent in members} - members:
+        members |= grown
+    return members
+
+
 def cpu_by_group(
     before: CpuTable, after: CpuTable, groups: dict[str, set[int]], rabbitmq: bool = False
 ) -> dict[str, float]:
-    """CPU seconds between two tables for each group of processes (and their children), for
-    PostgreSQL (every process named postgres; a backend that ended in between is not counted) and,
-    when asked, for RabbitMQ (its Erlang VM, beam.smp)."""
+    """CPU seconds between two tables for each group of processes (with every process below
+    them, those that ended in between included), for PostgreSQL (every process named postgres; a
+    backend that ended in between is not counted) and, when asked, for RabbitMQ (its Erlang VM,
+    beam.smp)."""
+
+    def tree(table: CpuTable, roots: set[int]) -> float:
+        return sum(table[pid].cpu + table[pid].ended_children for pid in descendants(table, roots))
 
     def used(pid: int) -> float:
-        return after[pid][2] - before.get(pid, (0, "", 0.0))[2]
+        return after[pid].cpu - (before[pid].cpu if pid in before else 0.0)
 
-    totals = {
-        name: sum(used(pid) for pid, (ppid, _, _) in after.items() if {pid, ppid} & pids)
-        for name, pids in groups.items()
-    }
+    totals = {name: tree(after, pids) - tree(before, pids) for name, pids in groups.items()}
     named = {"postgres": "postgres", **({"rabbitmq": "beam.smp"} if rabbitmq else {})}
     for name, prefix in named.items():
-        totals[name] = sum(
-            used(pid) for pid, (_, cmd, _) in after.items() if cmd.startswith(prefix)
-        )
+        totals[name] = sum(used(pid) for pid in commands(after, prefix))
     return totals
+
+
+def commands(table: CpuTable, prefix: str) -> set[int]:
+    """The processes in `table` whose command begins with `prefix`."""
+    return {pid for pid, process in table.items() if process.command.startswith(prefix)}
+
+
+def database_backends(bench: Bench, database: str | None = None) -> set[int]:
+    """The PostgreSQL backends serving `database` (default: the bench's) now, but the bench's own
+    connection. As a group of `cpu_by_group`: what the server did for them alone, where every
+    process named postgres includes the other work on this shared machine."""
+    rows = bench.db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        " AND datname = coalesce(%(database)s, current_database())",
+        {"database": database},
+    ).fetchall()
+    return {int(row[0]) for row in rows}
 
 
 def process_cpu(pid: int) -> float:
@@ -559,7 +616,7 @@ def rss_mb(pid: int) -> float:
 def children_of(pid: int) -> set[int]:
     """The running children of `pid` (/proc/PID/task/*/children needs CONFIG_PROC_CHILDREN,
     which the test machine's kernel lacks)."""
-    return {child for child, (parent, _, _) in cpu_table().items() if parent == pid}
+    return {child for child, process in cpu_table().items() if process.parent == pid}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -632,6 +689,7 @@ def drain_ours(
         finished, timed_out = wait_for_delivered(bench, sinks, jobs, running)
         after = cpu_table()
         groups = {"dispatcher": {p.pid for p in running}, "receiver": sinks.pids}
+        groups["database"] = database_backends(bench)
     received = sinks.received()
     first = min((seen[1] for seen in received.values()), default=finished)
     check = verify(bench, received, touched_only=touched_only)
@@ -655,6 +713,97 @@ def drain_queued(
     jobs = bench.args.jobs
     make_due = functools.partial(queue_jobs, bench, jobs, consumer_ids, "d")
     return drain_ours(bench, sinks, label, processes, options, make_due, jobs)
+
+
+# --- the same webhooks through a peer (bench/celery_peer.py and the others) -----------------
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """One job as a peer sends it: our payload to a consumer's URL on the receiver."""
+
+    url: str
+    message_id: str
+    consumer: str
+    body: str = PAYLOAD
+
+    def headers(self, agent: str) -> dict[str, str]:
+        """The headers our dispatcher sends, but for the signature (the peer's task signs)."""
+        return {
+            "Content-Type": "application/json",
+            "X-Broker-Message-ID": self.message_id,
+            "X-Broker-Message-Priority": "0",
+            "X-Broker-Channel-ID": CHANNEL,
+            "X-Broker-Consumer-ID": self.consumer,
+            "X-Broker-Consumer-Token": "t" * 43,
+            "X-Request-ID": os.urandom(16).hex(),
+            "User-Agent": agent,
+        }
+
+
+def peer_webhooks(port: int, jobs: int, consumers: int) -> list[Webhook]:
+    """`jobs` webhooks, as `queue_jobs` lays them out: jobs / consumers messages to each."""
+    messages = math.ceil(jobs / consumers)
+    return [
+        Webhook(f"http://{HOST}:{port}/c{n}", f"k{g}", f"c{n}")
+        for g in range(1, messages + 1)
+        for n in range(consumers)
+    ]
+
+
+class Peer(Protocol):
+    """A task queue that sends the same webhooks as our dispatchers (a module of its own each)."""
+
+    name: str  # its CPU group
+    broker: str  # the CPU group of its broker: "database" (PostgreSQL's backends) or "rabbitmq"
+    database: str | None  # the broker's database, if not the bench's
+
+    def label(self, processes: int) -> str: ...
+    def unavailable(self) -> str | None: ...  # why it cannot run here, if it cannot
+    def open(self) -> None: ...  # before its first drain
+    def close(self) -> None: ...  # leaves the server as it found it
+    def enqueue(self, webhooks: list[Webhook]) -> None: ...  # with no worker running
+    def start(self, processes: int, log: Path) -> subprocess.Popen[bytes]: ...  # the workers
+
+
+def drain_peer(bench: Bench, sinks: Receivers, peer: Peer, processes: int, consumers: int) -> Drain:
+    """Queue one task per job with the peer's workers stopped, start them, and time them from
+    the first request at the receiver (their start-up is not counted) until the receiver has
+    every webhook; CPU of the workers (every process below the one started) and of the broker
+    (its database's backends, or RabbitMQ)."""
+    webhooks = peer_webhooks(sinks.port, bench.args.jobs, consumers)
+    sinks.reset()
+    started = time.perf_counter()
+    peer.enqueue(webhooks)
+    print(f"  {peer.name}: queued {len(webhooks)} tasks in {time.perf_counter() - started:.1f} s")
+    log = bench.logs / f"{peer.name}-{processes}.log"
+    worker = peer.start(processes, log)
+    try:
+        wait_for(lambda: sinks.summary()[0], 1, 60, lambda: worker.poll() is None)
+        before = cpu_table()
+        finished, timed_out = wait_for(
+            lambda: sinks.summary()[1],
+            len(webhooks),
+            drain_timeout(bench, len(webhooks)),
+            lambda: worker.poll() is None,
+        )
+        after = cpu_table()
+        groups = {peer.name: {worker.pid}, "receiver": sinks.pids}
+        if peer.broker == "database":
+            groups["database"] = database_backends(bench, peer.database)
+    finally:
+        if worker.poll() is not None:
+            print(f"  the {peer.name} workers exited early:\n{log_tail(log)}")
+        stop_process(worker, f"{peer.name} workers")
+    received = sinks.received()
+    check = Check(expected=len(webhooks))
+    count_receipts(check, received, {f"{w.message_id} {w.consumer}" for w in webhooks})
+    first = min((seen[1] for seen in received.values()), default=finished)
+    cpu = cpu_by_group(before, after, groups, rabbitmq=peer.broker == "rabbitmq")
+    done = len(received) if timed_out else len(webhooks)
+    drain = Drain(peer.label(processes), done, first, finished, cpu, check, timed_out)
+    drain.report()
+    return drain
 
 
 # --- the run's header ---

@@ -65,6 +65,7 @@ from dispatch_harness import (
     close_django_connections,
     cpu_by_group,
     cpu_table,
+    database_backends,
     fresh_database,
     machine,
     percentile,
@@ -262,13 +263,7 @@ def close_phase(
 def database_backends_cpu(bench: Bench, before: CpuTable, after: CpuTable) -> float:
     """CPU of the PostgreSQL backends serving this database (gunicorn's pooled connections): the
     server is shared with other work on this machine, whose backends are left out."""
-    pids = {
-        int(row[0])
-        for row in bench.db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()"
-        ).fetchall()
-    }
+    pids = database_backends(bench)
     return float(
         sum(after[pid][2] - before.get(pid, (0, "", 0.0))[2] for pid in pids if pid in after)
     )

@@ -1,5 +1,5 @@
-"""Publishing at a steady rate with `broker.publish()`, for bench/dispatch.py's latency and rss
-scenarios.
+"""Publishing at a steady rate, with `broker.publish()` for bench/dispatch.py's latency and rss
+scenarios, or over HTTP for bench/end_to_end.py (any `sender`).
 
 One process calling `broker.publish()` (a transaction, a commit and a NOTIFY per message) keeps up
 with about 600 messages/s on the 2-core VM, so a higher rate is shared between processes forked
@@ -12,10 +12,16 @@ one NOTIFY) at the time of its first message; each of its messages counts as pub
 Each process reports when it called `publish()` for each of its messages and when the call
 returned (committed), when it finished, how far it fell behind and its own CPU time, so the
 caller can print the rate that was actually reached, not the one asked for.
+
+A `sender` is made in each forked process (a connection of its own: none is shared across a fork)
+and publishes one unit; it answers whether the broker accepted it. `broker_sender` calls
+`broker.publish()` and raises on failure; an HTTP sender answers False for a refused broadcast,
+which then counts in `failed`, not in `count`, `sent` or `committed`.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import time
 from array import array
@@ -26,18 +32,22 @@ from multiprocessing.connection import Connection, wait
 from dispatch_harness import CHANNEL, PAYLOAD, PRODUCER, close_django_connections
 
 START_DELAY = 0.5  # seconds for the processes to fork and import before the schedule starts
+# Publishes messages `prefix` + first, ... + first + batch - 1; True when the broker accepted them.
+Sender = Callable[[int, int], bool]
+SenderFactory = Callable[[str], Sender]  # prefix -> a sender, made in each forked process
 
 
 @dataclass
 class Published:
     requested: float  # messages/s asked for
     start: float  # time.time() the schedule started
-    count: int
+    count: int  # messages accepted
     seconds: float  # from the schedule's start until the last publish() returned
     cpu_seconds: float  # the publishing processes' own CPU (PostgreSQL's is not in it)
     behind: float  # the most any publish() started after its scheduled time, seconds
     sent: dict[str, float] = field(default_factory=dict)  # message ID -> time.time() before
     committed: dict[str, float] = field(default_factory=dict)  # -> time.time() once it returned
+    failed: int = 0  # messages the broker refused (an HTTP sender's non-201 or broken connection)
 
     @property
     def rate(self) -> float:
@@ -49,8 +59,9 @@ class Published:
         return self.rate >= 0.97 * self.requested
 
     def __str__(self) -> str:
+        refused = f", {self.failed:,} refused" if self.failed else ""
         return (
-            f"published {self.count:,} messages at {self.rate:,.0f}/s"
+            f"published {self.count:,} messages{refused} at {self.rate:,.0f}/s"
             f" ({self.requested:,.0f}/s asked: {'kept' if self.kept else 'NOT kept'});"
             f" at most {1000 * self.behind:.0f} ms behind schedule; publishers' CPU"
             f" {1000 * self.cpu_seconds / max(self.count, 1):.3f} ms per message"
@@ -66,9 +77,11 @@ def publish_steadily(
     *,
     batch: int = 1,
     keep_times: bool = True,
+    sender: SenderFactory | None = None,
 ) -> Published:
     """Publish `rate` messages/s for `seconds` from `processes` forked processes, `batch` messages
-    per call; `tick` is called in this process every 50 ms meanwhile. Message IDs are `prefix` + n.
+    per call, with `sender` (default `broker_sender`); `tick` is called in this process every
+    50 ms meanwhile. Message IDs are `prefix` + n.
     """
     total = int(rate * seconds) // batch * batch
     close_django_connections()  # the children open their own; none is shared across a fork
@@ -77,13 +90,14 @@ def publish_steadily(
     pipes, children = [], []
     for index in range(processes):
         receiving, sending = context.Pipe(duplex=False)
-        share = (index, processes, rate, total, batch, start, seconds, prefix, keep_times, sending)
+        share = (index, processes, rate, total, batch, start, seconds, prefix, keep_times,
+                 sender or broker_sender, sending)  # fmt: skip
         child = context.Process(target=_publish_share, args=share, daemon=True)
         child.start()
         sending.close()
         pipes.append(receiving)
         children.append(child)
-    results: dict[int, tuple[bytes, float, float, float, int]] = {}
+    results: dict[int, tuple[bytes, float, float, float, int, int]] = {}
     waiting = {id(pipe): (index, pipe) for index, pipe in enumerate(pipes)}
     while waiting:
         for ready in wait([pipe for _, pipe in waiting.values()], timeout=0.05):
@@ -100,22 +114,49 @@ def publish_steadily(
     committed: dict[str, float] = {}
     for index, (stamps, *_) in results.items():
         times = array("d")
-        times.frombytes(stamps)  # per call made: before, returned (none with keep_times=False)
+        # Per call made: before, returned (NaN when refused); none with keep_times=False.
+        times.frombytes(stamps)
         calls = range(index * batch, total, processes * batch)
         for first, before, returned in zip(calls, times[::2], times[1::2], strict=False):
+            if math.isnan(returned):
+                continue
             for n in range(first, first + batch):
                 sent[f"{prefix}{n}"], committed[f"{prefix}{n}"] = before, returned
-    finished = max(end for _, end, _, _, _ in results.values())
+    finished = max(end for _, end, *_ in results.values())
+    refused = batch * sum(calls_refused for *_, calls_refused in results.values())
     return Published(
         requested=rate,
         start=start,
-        count=batch * sum(calls for *_, calls in results.values()),
+        count=batch * sum(calls for *_, calls, _ in results.values()) - refused,
         seconds=finished - start,
-        cpu_seconds=sum(cpu for _, _, cpu, _, _ in results.values()),
-        behind=max(late for _, _, _, late, _ in results.values()),
+        cpu_seconds=sum(cpu for _, _, cpu, *_ in results.values()),
+        behind=max(late for _, _, _, late, *_ in results.values()),
         sent=sent,
         committed=committed,
+        failed=refused,
     )
+
+
+def broker_sender(prefix: str) -> Sender:
+    """`broker.publish()`, or `publish_many()` for a batch; raises when refused."""
+    from broker.publishing import publish
+    from broker.publishing_batch import BatchMessage, publish_many
+
+    payload = PAYLOAD.encode()
+
+    def send(first: int, batch: int) -> bool:
+        if batch == 1:
+            publish(CHANNEL, payload, producer=PRODUCER, message_id=f"{prefix}{first}",
+                    content_type="application/json")  # fmt: skip
+        else:
+            messages = [
+                BatchMessage(payload, f"{prefix}{n}", content_type="application/json")
+                for n in range(first, first + batch)
+            ]
+            publish_many(CHANNEL, messages, producer=PRODUCER)
+        return True
+
+    return send
 
 
 def _publish_share(
@@ -128,18 +169,16 @@ def _publish_share(
     seconds: float,
     prefix: str,
     keep_times: bool,
+    make_sender: SenderFactory,
     result: Connection,
 ) -> None:
     """One forked publisher: units index, index + processes, ... on their schedule, until the
     schedule's end."""
-    from broker.publishing import publish
-    from broker.publishing_batch import BatchMessage, publish_many
-
     cpu = time.process_time()
+    send = make_sender(prefix)
     stamps = array("d")
     behind = 0.0
-    payload = PAYLOAD.encode()
-    calls = 0
+    calls = refused = 0
     for first in range(index * batch, total, processes * batch):
         if time.time() >= start + seconds:
             break  # behind schedule: what is left is not published
@@ -149,19 +188,12 @@ def _publish_share(
         else:
             behind = max(behind, -pause)
         before = time.time()
-        if batch == 1:
-            publish(CHANNEL, payload, producer=PRODUCER, message_id=f"{prefix}{first}",
-                    content_type="application/json")  # fmt: skip
-        else:
-            messages = [
-                BatchMessage(payload, f"{prefix}{n}", content_type="application/json")
-                for n in range(first, first + batch)
-            ]
-            publish_many(CHANNEL, messages, producer=PRODUCER)
+        accepted = send(first, batch)
         calls += 1
+        refused += not accepted
         if keep_times:
-            stamps.extend((before, time.time()))
+            stamps.extend((before, time.time() if accepted else math.nan))
     finished = time.time()
     close_django_connections()
-    result.send((stamps.tobytes(), finished, time.process_time() - cpu, behind, calls))
+    result.send((stamps.tobytes(), finished, time.process_time() - cpu, behind, calls, refused))
     result.close()

@@ -14,6 +14,8 @@ class JobStatus(models.TextChoices):
 
 
 QUEUED, INFLIGHT, DELIVERED, DEAD = JobStatus
+PENDING = (QUEUED, INFLIGHT)  # statuses of a job that is still on its way
+PENDING_SQL = "(" + ", ".join(f"'{status.value}'" for status in PENDING) + ")"  # status IN ...
 
 ALLOWED_TRANSITIONS: frozenset[tuple[JobStatus, JobStatus]] = frozenset(
     {

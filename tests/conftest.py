@@ -137,6 +137,15 @@ FORM = "application/x-www-form-urlencoded"
 
 
 @pytest.fixture(autouse=True)
+def claim_bound_worked_out_afresh():
+    """The push claim's lower bound of partitions (jobs/partitions/pending.py) is kept in the
+    process's memory for seconds: one test's database must not bound the next one's claims."""
+    from jobs.partitions import pending
+
+    pending.forget()
+
+
+@pytest.fixture(autouse=True)
 def unspent_schema_allowances(monkeypatch):
     """Every producer's allowance of schema checking unspent: it is kept in the process's memory
     (broker/schema_allowance.py), and one test's costly payloads must not refuse the next's."""

@@ -160,8 +160,8 @@ class BrokerSettings(SettingGroup, section=BROKER):
         Integer(minimum=1),
         7,
         "PostgreSQL: the days of jobs (and attempts) each time partition holds; retention drops"
-        " whole partitions. Every claim plans over every partition: keep them few"
-        " ([scaling](scaling.md#partitions))",
+        " whole partitions. The push claim plans only those from the oldest with pending work;"
+        " other queries read them all: keep them few ([scaling](scaling.md#partitions))",
     )
     BROKER_LIVE_COUNT_MAX_JOBS = Setting(
         Integer(minimum=0),

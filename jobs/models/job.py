@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -13,10 +13,12 @@ from django.utils import timezone
 from broker.models import Message
 from broker.xids import key_of_xid, public_key_xid
 from consumers.models import Consumer
+from jobs.partitions import pending
 from jobs.states import (
     DEAD,
     DELIVERED,
     INFLIGHT,
+    PENDING,
     QUEUED,
     ForbiddenTransition,
     JobStatus,
@@ -34,7 +36,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         """
         check_transition(source, target)
         changes.setdefault("status_changed_at", timezone.now())
-        return self.filter(status=source).update(status=target, **changes)
+        if target not in PENDING or source in PENDING:
+            return self.filter(status=source).update(status=target, **changes)
+        with transaction.atomic():  # a requeue, a replay: announced at its commit
+            pending.jobs_reopened()
+            return self.filter(status=source).update(status=target, **changes)
 
     def requeue_dead(self) -> int:
         return self.transition(DEAD, QUEUED, **requeue_changes())

@@ -26,6 +26,7 @@ from django.db.models import Field
 from django.utils import timezone
 
 from jobs.models import DeadLetterAction, Job, requeue_changes
+from jobs.partitions import pending
 from jobs.queue.queries import statement
 from jobs.states import DEAD, QUEUED, check_transition
 
@@ -88,6 +89,8 @@ def _run(kind: str, picked_by: str, parameters: dict[str, Any]) -> Batch:
     else:
         sql = statement(f"purge_dead_{picked_by}")
     with transaction.atomic(), connection.cursor() as cursor:
+        if kind == REQUEUE:
+            pending.jobs_reopened()
         cursor.execute(sql, parameters)
         picked_count, taken, last_died_at = cursor.fetchone()
     return Batch(picked_count, taken, last_died_at)

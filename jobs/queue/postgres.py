@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from broker.models import Message
+from jobs.partitions import pending
 from jobs.queue.postgres_batch import batch_parameters, inserted_batch
 from jobs.queue.queries import statement
 from jobs.queue.rules import producer_rule_parameters, push_lease_expiry
@@ -128,4 +129,5 @@ def claim_parameters(
         "new": [c in rooms.new for c in consumers],
         "new_room": rooms.new_room,
         "new_budget": rooms.new_budget,
+        "pending_from": pending.pending_from(),
     }

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from broker.models import Message
 from jobs.models import CLOCK_ALLOWANCE, Job
+from jobs.states import PENDING_SQL
 
 SQL_DIRECTORY = Path(__file__).with_name("sql")
 _BLOCK = re.compile(r"^-- (name|fragment): (\w+)(?:\(([^)]*)\))?\s*$", re.MULTILINE)
@@ -63,7 +64,7 @@ def constants() -> Mapping[str, str]:
         "wakeup_channel": rules.WAKEUP_CHANNEL,
         "session_prefix": rules.SESSION_PREFIX,
         # The states of a job still on its way, as an SQL list of literals: `status IN {pending}`.
-        "pending": "(" + ", ".join(f"'{status.value}'" for status in rules.PENDING) + ")",
+        "pending": PENDING_SQL,
         "clock_allowance_seconds": f"{CLOCK_ALLOWANCE.total_seconds():.0f}",
         "claimed_job_columns": ", ".join(f"j.{name}" for name in CLAIMED_JOB_FIELDS),
         "claimed_message_columns": ", ".join(f"m.{name}" for name in CLAIMED_MESSAGE_FIELDS),

@@ -17,13 +17,12 @@ from broker.models import Producer
 from consumers.models import Consumer
 from jobs.models import Job, JobQuerySet
 from jobs.queue import queries
-from jobs.states import INFLIGHT, QUEUED
+from jobs.states import PENDING
 
 # How many jobs a push consumer may have INFLIGHT at once when it sets no maxInFlight.
 DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER = 100
 # The PostgreSQL NOTIFY channel that wakes idle dispatchers (jobs/queue/wakeup.py).
 WAKEUP_CHANNEL = "broker_jobs"
-PENDING = (QUEUED, INFLIGHT)  # statuses of a job that is still on its way
 # How far ahead a claim may book a rate-limited consumer's delivery slots: a claimed job waits in
 # its dispatcher until its slot, so the consumer's pace does not depend on how often dispatchers
 # claim, as long as one claims within this (their idle poll is a second too).

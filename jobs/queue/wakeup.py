@@ -1,4 +1,6 @@
 """Wake idle dispatchers when jobs are published (docs/dispatcher.md): LISTEN/NOTIFY on PostgreSQL.
+Requeues and replays notify too, on a channel of their own: the claim's lower bound of the
+partitions to plan is then worked out again (jobs/partitions/pending.py).
 
 Publishing sends one NOTIFY per statement, delivered by PostgreSQL at commit. The listener needs a
 direct connection of its own (a pooler in transaction mode drops LISTEN); when it is lost the
@@ -15,6 +17,7 @@ from typing import Any
 import psycopg
 from django.db import connection
 
+from jobs.partitions import pending
 from jobs.queue.queries import statement
 from jobs.queue.rules import WAKEUP_CHANNEL
 
@@ -47,8 +50,12 @@ async def listen_for_jobs(wake: Callable[[], None], dispatcher_id: str) -> None:
             async with await psycopg.AsyncConnection.connect(**_connection_kwargs()) as listener:
                 await listener.execute(statement("name_session"), {"dispatcher": dispatcher_id})
                 await listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
-                wake()  # jobs may have arrived while we were not listening
-                async for _ in listener.notifies():
+                await listener.execute(f"LISTEN {pending.REOPENED_CHANNEL}")
+                pending.forget()  # jobs may have been requeued while we were not listening
+                wake()  # and published
+                async for notice in listener.notifies():
+                    if notice.channel == pending.REOPENED_CHANNEL:
+                        pending.forget()
                     wake()
         except psycopg.Error as exc:
             logger.warning("LISTEN connection lost (%s); polling meanwhile", type(exc).__name__)

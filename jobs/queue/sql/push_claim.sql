@@ -49,6 +49,10 @@
 --   to INFLIGHT with a lease and the dispatcher's name (claimed_by: its jobs go back early if it
 --   dies, jobs/queue/dispatchers.py), counts the attempt and returns the columns of
 --   types.CLAIM_COLUMNS and the send time.
+-- Every read of jobs_job carries {claimable}: the partitions below the lower bound of
+-- jobs/partitions/pending.py hold no pending job, and PostgreSQL leaves them out when it plans,
+-- so that the claim costs the same with 2 partitions or 94 (a job is found by status and
+-- consumer, neither of which is the partition key).
 -- A consumer's cap holds per claim; claims of several dispatchers at the same moment can each
 -- fill the same room (docs/dispatcher.md). Its rate holds across them all.
 WITH paced AS MATERIALIZED (
@@ -60,7 +64,7 @@ WITH paced AS MATERIALIZED (
         AND EXISTS (
             SELECT FROM jobs_job j
             WHERE j.consumer_id = c.id AND j.status = 'QUEUED'
-                AND j.next_attempt_at <= %(now)s
+                AND j.next_attempt_at <= %(now)s AND {claimable(j)}
         )
     FOR NO KEY UPDATE OF c SKIP LOCKED
 ),
@@ -77,7 +81,7 @@ room AS MATERIALIZED (
         least(cap.bookable, coalesce(mine.room, %(new_room)s), cap.cap - (
             SELECT count(*) FROM (
                 SELECT FROM jobs_job f
-                WHERE f.consumer_id = cap.id AND f.status = 'INFLIGHT'
+                WHERE f.consumer_id = cap.id AND f.status = 'INFLIGHT' AND {claimable(f)}
                 LIMIT cap.cap
             ) in_flight
         )) AS free
@@ -91,7 +95,7 @@ due AS (
             row_number() OVER (ORDER BY j.priority DESC, j.next_attempt_at) AS turn
         FROM jobs_job j
         WHERE j.consumer_id = room.id AND j.status = 'QUEUED'
-            AND j.next_attempt_at <= %(now)s
+            AND j.next_attempt_at <= %(now)s AND {claimable(j)}
         ORDER BY j.priority DESC, j.next_attempt_at
         LIMIT least(room.free, %(candidates)s)
     ) next
@@ -102,7 +106,7 @@ due AS (
         WITH RECURSIVE key_head AS (
             (SELECT j.ordering_key, j.id, j.partition_at, j.status, j.priority, j.next_attempt_at
              FROM jobs_job j
-             WHERE j.consumer_id = room.id AND j.status IN {pending}
+             WHERE j.consumer_id = room.id AND j.status IN {pending} AND {claimable(j)}
              ORDER BY j.ordering_key, j.id LIMIT 1)
             UNION ALL
             SELECT next_key.*
@@ -110,7 +114,7 @@ due AS (
                 SELECT j.ordering_key, j.id, j.partition_at, j.status, j.priority,
                     j.next_attempt_at
                 FROM jobs_job j
-                WHERE j.consumer_id = room.id AND j.status IN {pending}
+                WHERE j.consumer_id = room.id AND j.status IN {pending} AND {claimable(j)}
                     AND j.ordering_key > key_head.ordering_key
                 ORDER BY j.ordering_key, j.id LIMIT 1
             ) next_key
@@ -139,6 +143,7 @@ taken AS MATERIALIZED (
     FROM candidate CROSS JOIN LATERAL (
         SELECT j.id, j.partition_at, j.consumer_id, j.status FROM jobs_job j
         WHERE j.id = candidate.id AND j.partition_at = candidate.partition_at
+            AND {claimable(j)}
         LIMIT 1
         FOR UPDATE OF j SKIP LOCKED
     ) j
@@ -166,8 +171,14 @@ UPDATE jobs_job j
 SET status = 'INFLIGHT', status_changed_at = %(now)s, attempts = j.attempts + 1,
     lease_expires_at = %(lease_until)s, claimed_by = %(dispatcher)s
 FROM slotted, broker_message m, consumers_consumer c
-WHERE j.id = slotted.id AND j.partition_at = slotted.partition_at
+WHERE j.id = slotted.id AND j.partition_at = slotted.partition_at AND {claimable(j)}
     AND m.id = j.message_id AND c.id = j.consumer_id
 RETURNING j.id, j.partition_at, j.attempts, j.priority, j.next_attempt_at, c.id, c.changed_at,
     j.created_at, m.public_id, m.payload, m.payload_file, m.content_type, m.priority, m.headers,
     m.traceparent, m.tracestate, m.event_type, slotted.send_at
+
+-- fragment: claimable(job)
+-- The partitions of jobs that can hold pending work (jobs/partitions/pending.py): a lower bound
+-- of the partition key, by which PostgreSQL prunes the others as it plans the claim for its
+-- values (a custom plan: a generic one would be planned over every partition).
+{job}.partition_at >= %(pending_from)s
