@@ -4,15 +4,21 @@ Both look-ups are written in SQL (any database's): every request of a pull worke
 a job's acknowledgement) makes them, and compiling them through the ORM cost more than all the
 rest of an acknowledgement (docs/performance-history.md, "Pull: batch acknowledgement (issue
 18)"). They still give model instances: the fields left out (signing secrets, a message's body)
-load if ever touched.
+load if ever touched. A consumer token this process checked before is not decrypted again
+(`CheckedTokens`).
 
-A pull consumer's single acknowledgement, its hot path, makes neither: one statement checks its
-credentials and moves its job (`proven_credentials`, jobs/queue/sql/pull.sql).
+A pull consumer's two commonest requests make neither: its single acknowledgement and its claim
+check its credentials in the statement that does the work (`proven_credentials`,
+jobs/queue/sql/pull.sql, proven_pull_consumer), and go the long way only when that statement did
+nothing.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from django.db import connection
 from rest_framework import status
@@ -20,25 +26,31 @@ from rest_framework.request import Request
 
 from broker.api.errors import ApiError
 from broker.api.tokens import StoredToken, require_token
+from broker.crypto import decrypt
 from broker.models import Channel, Message
 from broker.tokens import digests_equal, hash_token
 from consumers.models import SIGNING_FIELDS, Consumer
 from jobs.models import Job, named_by
 from jobs.queue import PullCredentials
 
-_CONSUMER_COLUMNS = ", ".join(
-    f"consumer.{field.column}"
-    for field in Consumer._meta.concrete_fields
-    if field.name not in SIGNING_FIELDS  # never needed here: not decrypted
-)
-# With the consumer token's stored text as well (`stored_token`: its ciphertext, not decrypted).
+# A request's consumer: its columns but the signing fields (never needed here: not decrypted),
+# its token as stored (its ciphertext: decrypted only when this process has not checked it
+# before, CheckedTokens), then its channel's token hash.
+_CONSUMER_FIELDS = [
+    field for field in Consumer._meta.concrete_fields if field.name not in SIGNING_FIELDS
+]
 CONSUMER_SQL = (
-    f"SELECT {_CONSUMER_COLUMNS}, channel.token_hash AS channel_token_hash,"  # noqa: S608
-    " consumer.token AS stored_token"
+    "SELECT "  # noqa: S608
+    + ", ".join(f"consumer.{field.column}" for field in _CONSUMER_FIELDS)
+    + ", channel.token_hash"
     f" FROM {Consumer._meta.db_table} consumer"
     f" JOIN {Channel._meta.db_table} channel ON channel.id = consumer.channel_id"
     " WHERE consumer.channel_id = %s AND consumer.public_id = %s"
 )
+_FIELD_NAMES = [field.attname for field in _CONSUMER_FIELDS]
+_TOKEN_INDEX = _FIELD_NAMES.index("token")
+
+
 # A job's message as far as a job's read, its acknowledgement and its log line need it (its key
 # is the job's message_id), in the model's order of fields, as `Model.from_db` takes them.
 MESSAGE_FIELDS = tuple(
@@ -70,7 +82,7 @@ def authorized_consumer(
     DELETE endpoints), 401/403 consumer token, and 412 for a push consumer where only pull
     consumers may call.
     """
-    consumer = next(iter(Consumer.objects.raw(CONSUMER_SQL, [channel_id, consumer_id])), None)
+    consumer = _read_consumer(channel_id, consumer_id)
     if consumer is None:  # only then the channel alone, to tell which of the two is missing
         channel = Channel.objects.filter(pk=channel_id).first()
         if channel is None:
@@ -79,18 +91,56 @@ def authorized_consumer(
         raise ApiError(unknown_consumer_status, "Consumer could not be found.")
     channel_token = StoredToken(getattr(consumer, "channel_token_hash", ""))
     require_token(request, "X-Broker-Channel-Token", channel_token, "Channel")
+    given = request.headers.get("X-Broker-Consumer-Token")
+    stored_token: str = getattr(consumer, "stored_token", "")
+    known = consumer.is_pull and checked_tokens.proves(consumer, stored_token, given)
+    # A token this process checked before is not decrypted again: the one given has its digest.
+    consumer.token = given if known else decrypt(stored_token)
     require_token(request, "X-Broker-Consumer-Token", consumer, "Consumer")
     if pull_only and not consumer.is_pull:
         raise ApiError(status.HTTP_412_PRECONDITION_FAILED, "Consumer is not pull based.")
-    if consumer.is_pull:
-        checked_tokens.learn(consumer, getattr(consumer, "stored_token", ""))
+    if consumer.is_pull and not known:
+        checked_tokens.learn(consumer, stored_token)
     return consumer
+
+
+def _read_consumer(channel_id: str, consumer_id: str) -> Consumer | None:
+    """The consumer, with its token's stored text (`stored_token`) and its channel's token hash
+    (`channel_token_hash`), its token not yet set (the caller decrypts it, or not). A plain
+    cursor and the fields' own conversions, not a raw queryset: every request of a pull worker
+    makes this read, and the queryset's machinery cost more than the rest of it."""
+    with connection.cursor() as cursor:
+        cursor.execute(CONSUMER_SQL, [channel_id, consumer_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    *values, channel_token_hash = row
+    stored_token = values[_TOKEN_INDEX]
+    for index, convert in _conversions():
+        values[index] = convert(values[index], None, connection)
+    consumer = Consumer.from_db(connection.alias, _FIELD_NAMES, values)
+    consumer.stored_token = stored_token  # type: ignore[attr-defined]
+    consumer.channel_token_hash = channel_token_hash  # type: ignore[attr-defined]
+    return consumer
+
+
+@functools.cache
+def _conversions() -> list[tuple[int, Callable[[Any, Any, Any], Any]]]:
+    """The conversions of the read's columns the ORM makes (JSON text to its value), by column;
+    none of the token, read as stored."""
+    return [
+        (index, convert)
+        for index, field in enumerate(_CONSUMER_FIELDS)
+        if field.name != "token"
+        for convert in field.get_db_converters(connection)  # type: ignore[attr-defined]
+    ]
 
 
 class CheckedTokens:
     """The pull consumers' tokens this process has decrypted and checked a request's against: by
     channel and consumer ID, the token's stored text (ciphertext) and the digest of its plain
-    text. A request whose token has that digest may then be checked by a statement alone
+    text, with its ordering then (which claim statement to run; the statement checks it still
+    is). A request whose token has that digest may then be checked by a statement alone
     (`PullCredentials`): if the stored text is still the same, so is the token, however it was
     changed meanwhile (a new token is a new ciphertext: Fernet's is random). Digests only, never
     the tokens; bounded: forgotten all at once when full (each consumer is then learned again on
@@ -99,16 +149,23 @@ class CheckedTokens:
     LIMIT = 10_000
 
     def __init__(self) -> None:
-        self._by_consumer: dict[tuple[str, str], tuple[str, str]] = {}
+        self._by_consumer: dict[tuple[str, str], tuple[str, str, bool]] = {}
 
     def learn(self, consumer: Consumer, stored_token: str) -> None:
         if len(self._by_consumer) >= self.LIMIT:
             self._by_consumer.clear()
         key = (consumer.channel_id, consumer.public_id)
-        self._by_consumer[key] = (stored_token, hash_token(consumer.token))
+        self._by_consumer[key] = (stored_token, hash_token(consumer.token), is_ordered(consumer))
 
-    def known(self, channel_id: str, consumer_id: str) -> tuple[str, str] | None:
+    def known(self, channel_id: str, consumer_id: str) -> tuple[str, str, bool] | None:
         return self._by_consumer.get((channel_id, consumer_id))
+
+    def proves(self, consumer: Consumer, stored_token: str, given: str | None) -> bool:
+        """Whether `given` is the consumer's token, as stored now, by what was learned of it."""
+        known = self.known(consumer.channel_id, consumer.public_id)
+        if not given or known is None or known[0] != stored_token:
+            return False
+        return digests_equal(hash_token(given), known[1])
 
     def forget(self) -> None:
         self._by_consumer.clear()
@@ -129,10 +186,12 @@ def proven_credentials(
     known = checked_tokens.known(channel_id, consumer_id)
     if not channel_token or not consumer_token or known is None:
         return None
-    stored_token, token_digest = known
+    stored_token, token_digest, ordered = known
     if not digests_equal(hash_token(consumer_token), token_digest):
         return None
-    return PullCredentials(channel_id, consumer_id, hash_token(channel_token), stored_token)
+    return PullCredentials(
+        channel_id, consumer_id, hash_token(channel_token), stored_token, ordered
+    )
 
 
 def credentials_of(consumer: Consumer) -> PullCredentials:
@@ -142,7 +201,12 @@ def credentials_of(consumer: Consumer) -> PullCredentials:
         consumer.public_id,
         getattr(consumer, "channel_token_hash", ""),
         getattr(consumer, "stored_token", ""),
+        is_ordered(consumer),
     )
+
+
+def is_ordered(consumer: Consumer) -> bool:
+    return consumer.ordering == Consumer.Ordering.ORDERED
 
 
 def consumer_job(consumer: Consumer, job_id: str) -> Job:

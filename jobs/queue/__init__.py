@@ -172,10 +172,16 @@ def claim_for_push(
     return sorted(claimed, key=lambda job: (-job.priority, job.due_at))
 
 
-def claim_for_pull(consumer: Consumer, limit: int, lease_seconds: int | None = None) -> list[Job]:
+def claim_for_pull(
+    consumer: Consumer | PullCredentials, limit: int, lease_seconds: int | None = None
+) -> list[Job]:
     """Atomically move up to `limit` of the consumer's due jobs QUEUED -> INFLIGHT, best priority
     first, under a lease of `lease_seconds` (None: the delivery timeout and its grace, as for
     push), one attempt more; each with its message as far as a worker is given it.
+
+    `consumer`: one the caller checked and found not paused, or the credentials of a request
+    (jobs/api/access.py, `proven_credentials`), which the statement checks: it then claims
+    nothing unless they match, the consumer is not paused and its ordering is the one they name.
 
     Competing workers take different jobs instead of waiting on each other (SKIP LOCKED), and no
     job is handed out twice (the conditional transition). An ordered

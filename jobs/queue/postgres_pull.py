@@ -19,24 +19,39 @@ from consumers.models import Consumer
 from jobs.models import Job
 from jobs.queue.leases import claimed_job
 from jobs.queue.queries import statement
-from jobs.queue.types import HeldRow, NamedJob, PullMove
+from jobs.queue.types import HeldRow, NamedJob, PullCredentials, PullMove
 
 
 def claim_for_pull(
-    consumer: Consumer, limit: int, lease_until: datetime, now: datetime
+    claimant: Consumer | PullCredentials, limit: int, lease_until: datetime, now: datetime
 ) -> list[Job]:
-    ordered = consumer.ordering == Consumer.Ordering.ORDERED
-    parameters: dict[str, Any] = {
-        "consumer": consumer.pk,
-        "limit": limit,
-        "now": now,
-        "lease_until": lease_until,
-    }
+    """The claim of a consumer the caller checked, or of one whose credentials the statement
+    checks (`claimant` a PullCredentials: it claims nothing unless they match)."""
+    parameters: dict[str, Any] = {"limit": limit, "now": now, "lease_until": lease_until}
+    if isinstance(claimant, PullCredentials):
+        ordered, suffix = claimant.ordered, "_proven"
+        parameters.update(_credential_parameters(claimant))
+        parameters["ordering"] = (
+            Consumer.Ordering.ORDERED if ordered else Consumer.Ordering.NONE
+        ).value
+    else:
+        ordered, suffix = claimant.ordering == Consumer.Ordering.ORDERED, ""
+        parameters["consumer"] = claimant.pk
     with connection.cursor() as cursor:
         name = "claim_heads_for_pull" if ordered else "claim_for_pull"
-        cursor.execute(statement(name), parameters)
+        cursor.execute(statement(name + suffix), parameters)
         rows = cursor.fetchall()
     return [claimed_job(connection.alias, row) for row in rows]
+
+
+def _credential_parameters(credentials: PullCredentials) -> dict[str, Any]:
+    """The parameters of proven_pull_consumer (jobs/queue/sql/pull.sql)."""
+    return {
+        "channel": credentials.channel_id,
+        "consumer": credentials.consumer_id,
+        "channel_token": credentials.channel_token,
+        "stored_token": credentials.stored_token,
+    }
 
 
 def acknowledge_pull_job(job: NamedJob, target: str, reason: str, now: datetime) -> HeldRow | None:
@@ -45,10 +60,7 @@ def acknowledge_pull_job(job: NamedJob, target: str, reason: str, now: datetime)
             statement("acknowledge_pull_job"),
             {
                 "job": job.key,
-                "channel": job.consumer.channel_id,
-                "consumer": job.consumer.consumer_id,
-                "channel_token": job.consumer.channel_token,
-                "stored_token": job.consumer.stored_token,
+                **_credential_parameters(job.consumer),
                 "created_from": job.created_from,
                 "created_until": job.created_until,
                 "target": target,

@@ -213,6 +213,9 @@ class PullCredentials:
     consumer_id: str  # the consumer's public ID
     channel_token: str  # the digest of the channel token given
     stored_token: str  # the consumer token's ciphertext, as stored
+    # The consumer's ordering when its token was checked: which claim statement to run (that
+    # statement claims nothing once it changed).
+    ordered: bool = False
 
 
 @dataclass(frozen=True)

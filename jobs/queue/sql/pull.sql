@@ -5,16 +5,33 @@
 -- lines need (docs/performance-history.md, "Pull: batch acknowledgement (issue 18)").
 ------------------------------------------------------------------------------------------------
 
--- fragment: pull_claim(head_of_key)
--- The pull claim: the consumer's best due jobs, locked (skipping those another worker is
--- taking), moved to INFLIGHT under the lease with one attempt more, and returned with their
--- messages (queries.CLAIMED_JOB_FIELDS, CLAIMED_MESSAGE_FIELDS). MATERIALIZED with the LIMIT:
--- docs/queue-design.md (PostgreSQL bug #15715). Rows are matched on the whole primary key,
--- (id, partition_at), as in the push claim.
+-- fragment: proven_pull_consumer(also)
+-- The pull consumer a request names, if its credentials are the ones given (types.PullCredentials):
+-- the consumer the URL names, still a pull consumer, its channel's token digest the one given (an
+-- ordinary comparison of digests, safe as in publish.sql), its stored token the text the caller
+-- checked the token given against; `also`: a statement's further conditions. No row otherwise.
+SELECT consumer.id
+    FROM consumers_consumer consumer JOIN broker_channel channel ON channel.id = consumer.channel_id
+    WHERE consumer.channel_id = %(channel)s AND consumer.public_id = %(consumer)s
+        AND consumer.type = 'pull' AND consumer.token = %(stored_token)s
+        AND channel.token_hash = %(channel_token)s {also}
+
+-- fragment: proven_claimant
+-- The consumer of a claim whose credentials the statement checks: as proven_pull_consumer, not
+-- paused (a paused consumer is handed nothing) and with the ordering the caller chose the
+-- statement by. None: the claim takes nothing, and the caller checks the request step by step.
+({proven_pull_consumer(AND NOT consumer.paused AND consumer.ordering = %(ordering)s)})
+
+-- fragment: pull_claim(claimant, head_of_key)
+-- The pull claim: the best due jobs of the consumer `claimant` gives, locked (skipping those
+-- another worker is taking), moved to INFLIGHT under the lease with one attempt more, and
+-- returned with their messages (queries.CLAIMED_JOB_FIELDS, CLAIMED_MESSAGE_FIELDS). MATERIALIZED
+-- with the LIMIT: docs/queue-design.md (PostgreSQL bug #15715). Rows are matched on the whole
+-- primary key, (id, partition_at), as in the push claim.
 WITH due AS MATERIALIZED (
     SELECT j.id, j.partition_at
     FROM jobs_job j
-    WHERE j.consumer_id = %(consumer)s AND j.status = 'QUEUED'
+    WHERE j.consumer_id = {claimant} AND j.status = 'QUEUED'
         AND j.next_attempt_at <= %(now)s {head_of_key}
     ORDER BY j.priority DESC, j.id
     LIMIT %(limit)s
@@ -31,18 +48,24 @@ RETURNING {claimed_job_columns},
 
 -- name: claim_for_pull
 -- The claim of a consumer that is not ordered.
-{pull_claim()}
+{pull_claim(%(consumer)s, )}
 
 -- name: claim_heads_for_pull
 -- The claim of an ordered consumer: only the head of each ordering key.
-{pull_claim({head_of_key})}
+{pull_claim(%(consumer)s, {head_of_key})}
+
+-- name: claim_for_pull_proven
+-- The claim of a consumer that is not ordered, its credentials checked in the statement.
+{pull_claim({proven_claimant}, )}
+
+-- name: claim_heads_for_pull_proven
+-- The claim of an ordered consumer, its credentials checked in the statement.
+{pull_claim({proven_claimant}, {head_of_key})}
 
 -- name: acknowledge_pull_job
 -- A pull consumer's report on one job it holds (DELIVERED or DEAD), the request's credentials
 -- checked in the same statement, as the publish statement checks a broadcast's
--- (types.PullCredentials): the consumer the URL names, still a pull consumer, its channel's
--- token digest the one given (an ordinary comparison of digests, safe as in publish.sql), its
--- stored token the text the caller checked the token given against. Then the move, and what its
+-- (proven_pull_consumer). Then the move, and what its
 -- log line says of the job before it (`held`, read in the statement's snapshot), in one round
 -- trip: a single acknowledgement costs what a broadcast does (docs/performance.md). Nothing moves
 -- when a check fails, or the job is not the consumer's or not INFLIGHT: the caller then looks
@@ -50,11 +73,7 @@ RETURNING {claimed_job_columns},
 -- primary key, (id, partition_at), as the claims match it: the UPDATE then visits its own
 -- partition only (pruned at run time), not every partition's key index.
 WITH consumer AS (
-    SELECT consumer.id
-    FROM consumers_consumer consumer JOIN broker_channel channel ON channel.id = consumer.channel_id
-    WHERE consumer.channel_id = %(channel)s AND consumer.public_id = %(consumer)s
-        AND consumer.type = 'pull' AND consumer.token = %(stored_token)s
-        AND channel.token_hash = %(channel_token)s
+    {proven_pull_consumer()}
 ), held AS (
     SELECT job.id, job.partition_at, job.attempts, job.status_changed_at, message.public_id,
         message.channel_id, message.traceparent, message.tracestate
