@@ -16,6 +16,7 @@ nothing.
 from __future__ import annotations
 
 import functools
+import hmac
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -163,7 +164,10 @@ class CheckedTokens:
     def proves(self, consumer: Consumer, stored_token: str, given: str | None) -> bool:
         """Whether `given` is the consumer's token, as stored now, by what was learned of it."""
         known = self.known(consumer.channel_id, consumer.public_id)
-        if not given or known is None or known[0] != stored_token:
+        if not given or known is None:
+            return False
+        # Ciphertexts compared in constant time too, as every credential is.
+        if not hmac.compare_digest(known[0].encode(), stored_token.encode()):
             return False
         return digests_equal(hash_token(given), known[1])
 
