@@ -146,6 +146,15 @@ def claim_bound_worked_out_afresh():
 
 
 @pytest.fixture(autouse=True)
+def unknown_consumer_tokens():
+    """No consumer's token checked yet by this process (jobs/api/access.py's CheckedTokens): a
+    test's pull requests take the step-by-step checks first, as a new server process does."""
+    from jobs.api.access import checked_tokens
+
+    checked_tokens.forget()
+
+
+@pytest.fixture(autouse=True)
 def unspent_schema_allowances(monkeypatch):
     """Every producer's allowance of schema checking unspent: it is kept in the process's memory
     (broker/schema_allowance.py), and one test's costly payloads must not refuse the next's."""

@@ -108,9 +108,13 @@ def make_consumer_with_token(
 BROKER_ADMIN_GROUP = "broker admin"
 
 
-def tokens(consumer: str = "consumer-token", channel: str = "channel-token") -> dict[str, str]:
-    """The pull API's token headers: the tokens make_channel and make_consumer_with_token set."""
-    return {"X-Broker-Channel-Token": channel, "X-Broker-Consumer-Token": consumer}
+def tokens(
+    consumer: str | None = "consumer-token", channel: str | None = "channel-token"
+) -> dict[str, str]:
+    """The pull API's token headers: the tokens make_channel and make_consumer_with_token set;
+    None leaves one out."""
+    given = {"X-Broker-Channel-Token": channel, "X-Broker-Consumer-Token": consumer}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def make_operator(username: str = "ops", password: str = "pw") -> User:

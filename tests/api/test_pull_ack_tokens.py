@@ -22,25 +22,11 @@ from jobs.api.access import checked_tokens, proven_credentials
 from jobs.models import Job
 from jobs.queue import take_for_pull
 from jobs.states import DEAD, DELIVERED, INFLIGHT
-from tests.helpers import make_consumer_with_token, pull_job
+from tests.helpers import make_consumer_with_token, pull_job, tokens
 
 pytestmark = pytest.mark.django_db
 
 JSON = "application/json"
-
-
-@pytest.fixture(autouse=True)
-def unknown_tokens():
-    """Every test starts with a process that has checked no consumer's token yet."""
-    checked_tokens.forget()
-    yield
-    checked_tokens.forget()
-
-
-def headers(consumer_token: str | None, channel_token: str | None) -> dict[str, str]:
-    """The pull API's token headers; None leaves one out."""
-    given = {"X-Broker-Channel-Token": channel_token, "X-Broker-Consumer-Token": consumer_token}
-    return {name: value for name, value in given.items() if value is not None}
 
 
 def acknowledge(
@@ -51,7 +37,7 @@ def acknowledge(
         f"/channel/orders/consumer/worker/job/{job_id}",
         json.dumps({"NextState": DELIVERED}),
         content_type=JSON,
-        headers=headers(consumer_token, channel_token),
+        headers=tokens(consumer_token, channel_token),
     )
 
 
@@ -107,7 +93,7 @@ def answers(client, channel: Channel, worker: Consumer) -> list[tuple[int, bytes
             f"/channel/{channel_id}/consumer/{consumer_id}/job/{job_id}",
             json.dumps(body),
             content_type=JSON,
-            headers=headers(consumer_token, channel_token),
+            headers=tokens(consumer_token, channel_token),
         )
         states = [Job.objects.get(pk=j.pk).status for j in (mine, theirs)]
         results.append((response.status_code, response.content, "/".join(states)))
@@ -185,7 +171,7 @@ def test_a_known_consumers_token_is_still_compared_in_constant_time(client, work
 
     monkeypatch.setattr(hmac, "compare_digest", counting)
     for token, proven in [("consumer-tokem", False), ("consumer-token", True)]:
-        request = Request(RequestFactory().post("/", headers=headers(token, "channel-token")))
+        request = Request(RequestFactory().post("/", headers=tokens(token, "channel-token")))
         compared.clear()
 
         assert (proven_credentials(request, "orders", "worker") is not None) == proven

@@ -20,25 +20,11 @@ from jobs.api import access
 from jobs.api.access import checked_tokens
 from jobs.models import Job
 from jobs.states import DELIVERED, INFLIGHT, QUEUED
-from tests.helpers import make_consumer_with_token, pull_job
+from tests.helpers import make_consumer_with_token, pull_job, tokens
 
 pytestmark = pytest.mark.django_db
 
 JSON = "application/json"
-
-
-@pytest.fixture(autouse=True)
-def unknown_tokens():
-    """Every test starts with a process that has checked no consumer's token yet."""
-    checked_tokens.forget()
-    yield
-    checked_tokens.forget()
-
-
-def headers(consumer_token: str | None, channel_token: str | None) -> dict[str, str]:
-    """The pull API's token headers; None leaves one out."""
-    given = {"X-Broker-Channel-Token": channel_token, "X-Broker-Consumer-Token": consumer_token}
-    return {name: value for name, value in given.items() if value is not None}
 
 
 def claim(
@@ -59,7 +45,7 @@ def claim(
         f"/channel/{channel_id}/consumer/{consumer_id}/claim",
         text,
         content_type=content_type,
-        headers=headers(consumer_token, channel_token),
+        headers=tokens(consumer_token, channel_token),
     )
 
 
@@ -223,7 +209,7 @@ def test_a_known_token_is_not_decrypted_again_and_a_new_one_is(client, worker, m
             url,
             json.dumps(body),
             content_type=JSON,
-            headers=headers(consumer_token, "channel-token"),
+            headers=tokens(consumer_token, "channel-token"),
         )
         return int(response.status_code)
 
