@@ -14,7 +14,8 @@ Scenarios (`--scenario`, comma-separated, default `all`):
     latency  publish -> arrival at the receiver at 500 and 2,000 messages/s offered, one
              dispatcher that waits idle for NOTIFY; `broker.publish()` (or `publish_many()` with
              --publish-batch) from processes forked for the rate (bench/steady_publish.py), which
-             print the rate they reached
+             print the rate they reached; and how many NOTIFYs the publishes sent (a publish
+             sends one only while a dispatcher guards: docs/dispatcher.md, "Waking up")
     backlog  the drain rate with 1,000,000 other queued jobs in the table (all due, due tomorrow,
              or a paused consumer's), against the rate without them, measured right before;
              --explain prints EXPLAIN (ANALYZE, BUFFERS) of the claim on each queue
@@ -29,14 +30,15 @@ Scenarios (`--scenario`, comma-separated, default `all`):
              one, on two dispatchers: what the limited one got in 60 s (--rate-seconds) and in
              its busiest second, and the unlimited one's drain rate against its rate alone
 
-The benchmark creates a fresh PostgreSQL database `bench_dispatch` on 127.0.0.1:5432 (dropped
-first if left over) and migrates it; every run empties the tables, creates the consumers and
-inserts its jobs with bulk SQL. Receivers (bench/webhook_sink.py) and dispatchers run as processes
-of their own, dispatchers with BROKER_ALLOW_PRIVATE_CALLBACKS=true; the dispatchers start first and
-wait idle, and the jobs appear in one committed transaction (with the NOTIFY a publish sends). A
-drain is timed from the first request at the receiver until SQL counts every job DELIVERED; then
-the dispatchers get SIGTERM, and the script checks with SQL and the receiver's counts that every
-job was delivered exactly once. It talks to 127.0.0.1 only, stops by itself and drops the database.
+The benchmark creates a fresh PostgreSQL database `bench_dispatch` (BENCH_DISPATCH_DATABASE names
+another) on 127.0.0.1:5432 (dropped first if left over) and migrates it; every run empties the
+tables, creates the consumers and inserts its jobs with bulk SQL. Receivers (bench/webhook_sink.py)
+and dispatchers run as processes of their own, dispatchers with
+BROKER_ALLOW_PRIVATE_CALLBACKS=true; the dispatchers start first and wait idle, and the jobs appear
+in one committed transaction (with the NOTIFY a publish sends to idle dispatchers). A drain is
+timed from the first request at the receiver until SQL counts every job DELIVERED; then the
+dispatchers get SIGTERM, and the script checks with SQL and the receiver's counts that every job
+was delivered exactly once. It talks to 127.0.0.1 only, stops by itself and drops the database.
 
     .venv/bin/python bench/dispatch.py                         # everything, about 6 minutes
     .venv/bin/python bench/dispatch.py --scenario peers --jobs 5000 --dispatchers 1
@@ -97,6 +99,10 @@ from dispatch_harness import (
 from peers import PEERS, scenario_celery, scenario_peers
 from psycopg import sql
 from steady_publish import publish_steadily
+
+# The channel of the dispatchers' wake-up (jobs/queue/rules.py, WAKEUP_CHANNEL; not imported: the
+# bench reads it before Django is set up).
+WAKEUP_CHANNEL = "broker_jobs"
 
 SCENARIOS = [
     "drain", "peers", "celery", "slow", "latency", "backlog", "rss", "ordered", "scheduled",
@@ -216,6 +222,30 @@ def vacuuming(bench: Bench) -> Iterator[None]:
         print(f"  VACUUM jobs_job every {every:g} s: {len(runs)} runs, {sum(runs):.1f} s in all")
 
 
+@contextmanager
+def counting_notifies(bench: Bench) -> Iterator[list[int]]:
+    """How many wake-up NOTIFYs were sent meanwhile (and up to half a second after), counted on a
+    connection that LISTENs and never guards (jobs/queue/wakeup.py). `[count]`, filled at exit."""
+    counted, ready, stop = [0], threading.Event(), threading.Event()
+
+    def listen() -> None:
+        with psycopg.connect(bench.database_url, autocommit=True) as conn:
+            conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+            ready.set()
+            while not stop.is_set():
+                counted[0] += sum(1 for _ in conn.notifies(timeout=0.1))
+            counted[0] += sum(1 for _ in conn.notifies(timeout=0.5))  # the last commits'
+
+    thread = threading.Thread(target=listen, name="bench-notifies", daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield counted
+    finally:
+        stop.set()
+        thread.join()
+
+
 def scenario_latency(bench: Bench) -> None:
     for rate in bench.args.latency_rate:
         latency_at(bench, rate)
@@ -242,7 +272,10 @@ def latency_at(bench: Bench, rate: float) -> None:
             warm = publish_steadily(rate, args.latency_warmup, "w", processes, batch=batch)
             wait_for_delivered(bench, sinks, warm.count, running)
             before = cpu_table()
-            published = publish_steadily(rate, args.latency_seconds, "l", processes, batch=batch)
+            with counting_notifies(bench) as notifies:
+                published = publish_steadily(
+                    rate, args.latency_seconds, "l", processes, batch=batch
+                )
             _, timed_out = wait_for_delivered(bench, sinks, warm.count + published.count, running)
             after = cpu_table()
             groups = {"dispatcher": {p.pid for p in running}, "receiver": sinks.pids}
@@ -273,7 +306,9 @@ def latency_at(bench: Bench, rate: float) -> None:
         f"  max {max(latencies, default=math.nan):.1f}\n"
         f"  of which the publish call ms: {distribution(calls)}\n"
         f"  its return (committed) -> arrival ms: {distribution(after_commit)}\n"
-        f"  CPU ms per message (publishing until delivered): {per_message}\n  {check}"
+        f"  CPU ms per message (publishing until delivered): {per_message}\n"
+        f"  NOTIFYs sent while publishing: {notifies[0]:,} for {published.count:,} messages\n"
+        f"  {check}"
     )
     complete = check.ok and len(latencies) == published.count and published.kept
     figure = (

@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 HOST = "127.0.0.1"
 PG_PORT, PG_USER = 5432, "postgres"
-DATABASE = "bench_dispatch"
+# Another name lets a second run share the server (each drops and creates its own database).
+DATABASE = os.environ.get("BENCH_DISPATCH_DATABASE", "bench_dispatch")
 CHANNEL, PRODUCER = "bench", "bench-producer"
 PAYLOAD = json.dumps({"order": 12345, "items": [{"sku": "A-1", "qty": 2}], "note": "x" * 160})
 CORES = os.cpu_count() or 1
@@ -475,9 +476,12 @@ def wait_until_listening(
             if process.poll() is not None:
                 raise RuntimeError(f"a dispatcher exited early:\n{log_tail(log)}")
         beats = bench.scalar("SELECT count(*) FROM jobs_dispatcherheartbeat")
+        # The last statement of its LISTEN connection: a LISTEN, or once it has run out of work a
+        # statement of its wake-up guard, which comes after them (jobs/queue/sql/wakeup.sql).
         listening = bench.scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND starts_with(application_name, %(prefix)s) AND query ILIKE 'LISTEN%%'",
+            " AND starts_with(application_name, %(prefix)s)"
+            " AND (query ILIKE 'LISTEN%%' OR query ILIKE '%%advisory%%')",
             {"prefix": LISTENER_PREFIX},
         )
         if beats >= len(processes) and listening >= len(processes):

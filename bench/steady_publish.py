@@ -1,17 +1,17 @@
 """Publishing at a steady rate, with `broker.publish()` for bench/dispatch.py's latency and rss
 scenarios, or over HTTP for bench/end_to_end.py (any `sender`).
 
-One process calling `broker.publish()` (a transaction, a commit and a NOTIFY per message) keeps up
-with about 600 messages/s on the 2-core VM, so a higher rate is shared between processes forked
-from the benchmark: process i of N publishes messages i, i + N, i + 2N, ..., message n at
-`start + n / rate` on the wall clock (open loop: a late message does not move the schedule, the
-process catches up as fast as it can, and stops at the end of the `seconds`, whatever it has
-not published by then). With `batch` > 1 the unit is a batch of that many
-consecutive messages, published with one `broker.publish_many()` call (one statement, one commit,
-one NOTIFY) at the time of its first message; each of its messages counts as published then.
-Each process reports when it called `publish()` for each of its messages and when the call
-returned (committed), when it finished, how far it fell behind and its own CPU time, so the
-caller can print the rate that was actually reached, not the one asked for.
+One process calling `broker.publish()` (a transaction and a commit per message, and a NOTIFY when a
+dispatcher is idle) kept up with about 600 messages/s on the 2-core VM, so a higher rate is shared
+between processes forked from the benchmark: process i of N publishes messages i, i + N, i + 2N,
+..., message n at `start + n / rate` on the wall clock (open loop: a late message does not move the
+schedule, the process catches up as fast as it can, and stops at the end of the `seconds`, whatever
+it has not published by then). With `batch` > 1 the unit is a batch of that many consecutive
+messages, published with one `broker.publish_many()` call (one statement, one commit, at most one
+NOTIFY) at the time of its first message; each of its messages counts as published then. Each
+process reports when it called `publish()` for each of its messages and when the call returned
+(committed), when it finished, how far it fell behind and its own CPU time, so the caller can print
+the rate that was actually reached, not the one asked for.
 
 A `sender` is made in each forked process (a connection of its own: none is shared across a fork)
 and publishes one unit; it answers whether the broker accepted it. `broker_sender` calls

@@ -39,6 +39,7 @@ from jobs.delivery import (
     open_sender,
     unanswered,
 )
+from jobs.dispatch_idle import IdleWait
 from jobs.dispatch_threads import (
     CONNECTION_ERRORS,
     BrokenDatabase,
@@ -67,7 +68,7 @@ Delivering = asyncio.Task[AttemptResult | None]  # a delivery in flight (`_send`
 class DispatcherConfig:
     concurrency: int = 128  # deliveries in flight in this process
     batch_size: int = 100  # jobs taken per claim
-    poll_seconds: float = 1.0  # longest idle wait when no NOTIFY arrives
+    poll_seconds: float = 1.0  # longest idle wait (jobs/dispatch_idle.py)
     grace_seconds: float = 10.0  # on SIGTERM, how long in-flight deliveries may finish
     # Fair share (jobs/fair_share.py): an answer slower than this makes its consumer slow, and
     # slow consumers together hold at most this share of the slots.
@@ -85,6 +86,7 @@ class Dispatcher:
         self.delivered = self.failed = 0
         self.stopping = False
         self._wake = asyncio.Event()
+        self.idle = IdleWait(self.config.poll_seconds)  # its `listener`: manage.py dispatch's
         self._sent: set[int] = set()  # job IDs whose request headers are on the wire
         self._consumers = ConsumerCache()  # decrypted, as of their changed_at
         self.fair_share = FairShare(
@@ -231,11 +233,15 @@ class Dispatcher:
                 # --concurrency.
                 room = self.config.concurrency - len(in_flight) - self._unrecorded
                 if not self.stopping and room > 0:
-                    claimed = await self._step(self.claim, min(room, self.config.batch_size))
+                    asked = min(room, self.config.batch_size)
+                    claimed = await self._step(self.claim, asked)
                     for request in claimed or []:
                         task = asyncio.create_task(self._send(send, request))
                         task.add_done_callback(lambda _: self._wake.set())
                         in_flight[task] = request
+                    await self.idle.claimed(None if claimed is None else len(claimed), asked)
+                else:
+                    await self.idle.not_claiming()
             except DatabaseDown:
                 await asyncio.sleep(self.config.poll_seconds)
                 continue
@@ -316,14 +322,12 @@ class Dispatcher:
         return lambda: self._sent.add(request.job_id)
 
     async def _idle(self, busy: bool, until: float) -> None:
-        """Wait for a finished delivery or recording, a NOTIFY, the poll interval or the next
-        release of scheduled messages (`until`, in loop time), whichever comes first."""
+        """Wait for a finished delivery or recording, a NOTIFY, the time the last claim allows
+        (jobs/dispatch_idle.py) or the next release (`until`, loop time), whichever is first."""
         if busy:
             await asyncio.sleep(0)  # claim again right away: slots were just freed
             return
-        timeout = min(self.config.poll_seconds, until - asyncio.get_running_loop().time())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), max(timeout, 0))
+        await self.idle.wait(self._wake, until - asyncio.get_running_loop().time())
         self._wake.clear()
 
     async def _drain(self, in_flight: dict[Delivering, DeliveryRequest]) -> None:

@@ -9,7 +9,8 @@ them, and of the rules those follow (jobs/queue/rules.py).
   `acknowledge_pull_job` and `report_pull_outcomes` (a pull consumer's reports on one job, and
   on many at once), `extend_leases` (a pull worker still busy with the jobs it holds);
 - leases and age: `sweep_expired_leases`, `expire_old_jobs`, `restart_age`;
-- wake-up: `wake_dispatchers` (at commit) and `listen_for_jobs` (a dispatcher's listener).
+- wake-up: `wake_dispatchers` (at commit, if a dispatcher guards) and `Listener` (a dispatcher's
+  LISTEN connection and the guard it holds there while idle: jobs/queue/wakeup.py).
 
 The store is PostgreSQL: each operation runs statements of jobs/queue/sql/, by name
 (jobs/queue/queries.py), from the module that owns it: postgres.py (publishing, release, replay,
@@ -23,7 +24,6 @@ jobs/dlq_actions.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.utils import timezone
@@ -32,7 +32,7 @@ from broker.models import Message
 from consumers.models import Consumer
 from jobs.delivery import AttemptResult
 from jobs.models import Job, named_by
-from jobs.queue import dispatchers, postgres, postgres_pull, wakeup
+from jobs.queue import dispatchers, postgres, postgres_pull
 from jobs.queue import outcomes as outcomes_module
 from jobs.queue.expiry import expire_old_jobs, restart_age
 from jobs.queue.leases import sweep_expired_leases, take_for_pull, with_readable_payloads
@@ -60,6 +60,7 @@ from jobs.queue.types import (
     ReportResult,
     TokenDigests,
 )
+from jobs.queue.wakeup import Guard, Listener
 from jobs.retry import Outcome, Verdict
 from jobs.states import DELIVERED, INFLIGHT, QUEUED, JobStatus, check_transition
 
@@ -68,10 +69,12 @@ __all__ = [
     "RELEASE_BATCH",
     "ClaimRooms",
     "ClaimedJob",
+    "Guard",
     "Inserted",
     "InsertedBatch",
     "JobKey",
     "LeaseRequest",
+    "Listener",
     "MessageBatch",
     "NewMessage",
     "OutcomeReport",
@@ -87,7 +90,6 @@ __all__ = [
     "extend_leases",
     "insert_message",
     "insert_messages",
-    "listen_for_jobs",
     "reclaim_from_dead_dispatchers",
     "record_outcomes",
     "release_due_messages",
@@ -234,15 +236,9 @@ def acknowledge_pull_job(
 
 
 def wake_dispatchers() -> None:
-    """Wake idle dispatchers when the current transaction commits (PostgreSQL's NOTIFY)."""
+    """Wake idle dispatchers when the current transaction commits (PostgreSQL's NOTIFY), as a
+    publish does: only if one guards (jobs/queue/wakeup.py)."""
     postgres.wake_dispatchers()
-
-
-async def listen_for_jobs(wake: Callable[[], None], dispatcher_id: str) -> None:
-    """Call `wake` whenever jobs may have been queued, until cancelled (PostgreSQL's LISTEN). The
-    connection is named after the
-    dispatcher: while it is there, others know the dispatcher alive (jobs/queue/dispatchers.py)."""
-    await wakeup.listen_for_jobs(wake, dispatcher_id)
 
 
 def reclaim_from_dead_dispatchers(dispatcher_id: str, now: datetime | None = None) -> int:

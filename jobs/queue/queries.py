@@ -62,6 +62,7 @@ def constants() -> Mapping[str, str]:
         "default_max_in_flight": str(rules.DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER),
         "slot_horizon_seconds": str(rules.SLOT_HORIZON_SECONDS),
         "wakeup_channel": rules.WAKEUP_CHANNEL,
+        "wakeup_guard": str(rules.WAKEUP_GUARD_LOCK),
         "session_prefix": rules.SESSION_PREFIX,
         # The states of a job still on its way, as an SQL list of literals: `status IN {pending}`.
         "pending": PENDING_SQL,

@@ -23,6 +23,9 @@ from jobs.states import PENDING
 DEFAULT_MAX_IN_FLIGHT_PER_CONSUMER = 100
 # The PostgreSQL NOTIFY channel that wakes idle dispatchers (jobs/queue/wakeup.py).
 WAKEUP_CHANNEL = "broker_jobs"
+# The advisory lock that an idle dispatcher holds, exclusive, on its LISTEN connection: publishing
+# statements NOTIFY only when they cannot take it shared (jobs/queue/wakeup.py). "brokerWG".
+WAKEUP_GUARD_LOCK = 0x6272_6F6B_6572_5747
 # How far ahead a claim may book a rate-limited consumer's delivery slots: a claimed job waits in
 # its dispatcher until its slot, so the consumer's pace does not depend on how often dispatchers
 # claim, as long as one claims within this (their idle poll is a second too).

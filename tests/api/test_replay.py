@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import psycopg
 import pytest
 from django.utils import timezone
 
@@ -20,11 +19,11 @@ from jobs.delivery import AttemptResult
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.models import DeliveryAttempt, Job
 from jobs.queue.rules import WAKEUP_CHANNEL
-from jobs.queue.wakeup import _connection_kwargs
 from jobs.states import DEAD, DELIVERED, INFLIGHT, QUEUED
 from tests.conftest import FORM
 from tests.delivery import push_consumer, run_once, send
 from tests.helpers import at_once, make_channel, make_consumer
+from tests.wakeup import listening
 
 pytestmark = pytest.mark.django_db
 
@@ -358,9 +357,7 @@ def test_a_replay_wakes_idle_dispatchers_and_a_refused_one_does_not(
     admin_client, channel, receiver
 ):
     delivered_to(channel, receiver, "billing")
-    with psycopg.connect(**_connection_kwargs()) as listener:
-        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
-
+    with listening(guard=True) as listener:  # as an idle dispatcher does
         assert post(admin_client).status_code == 202
         woken = [n.channel for n in listener.notifies(timeout=2, stop_after=1)]
         assert post(admin_client).status_code == 409

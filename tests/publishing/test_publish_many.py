@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import DatabaseError, connection, transaction
 
@@ -25,10 +24,10 @@ from broker.publishing_batch import (
 from jobs.models import Job
 from jobs.queue import release_due_messages
 from jobs.queue.rules import WAKEUP_CHANNEL
-from jobs.queue.wakeup import _connection_kwargs
 from tests.db_snapshot import snapshot
 from tests.helpers import make_channel, make_consumer, make_producer
 from tests.publishing.test_publishing import REFUSE_JOB_TRIGGER
+from tests.wakeup import listening
 
 pytestmark = pytest.mark.django_db
 
@@ -257,9 +256,7 @@ def test_a_batch_wakes_the_dispatchers_once_and_a_scheduled_one_not_at_all():
     channel = make_channel()
     make_producer()
     make_consumer(channel)
-    with psycopg.connect(**_connection_kwargs()) as listener:
-        listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
-
+    with listening(guard=True) as listener:  # as an idle dispatcher does
         publish_many(channel, [BatchMessage(str(n)) for n in range(50)], producer="shop")
         woken = [n.channel for n in listener.notifies(timeout=1)]
         publish_many(channel, batch("later", scheduled_for=LATER), producer="shop")

@@ -12,7 +12,7 @@ from broker.conf import broker_settings
 from jobs.dispatch import Dispatcher, DispatcherConfig
 from jobs.dispatch_threads import BrokenDatabase
 from jobs.health import DEFAULT_STALE_AFTER_SECONDS, HealthServer, start_health_server
-from jobs.queue import listen_for_jobs
+from jobs.queue import Listener
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -48,7 +48,8 @@ class Command(BaseCommand):
             "--poll-seconds",
             type=float,
             default=defaults.poll_seconds,
-            help="longest idle wait when no NOTIFY arrives (default: %(default)s)",
+            help="longest idle wait when nothing wakes the dispatcher: no NOTIFY, no delivery"
+            " ending (default: %(default)s)",
         )
         parser.add_argument(
             "--grace-seconds",
@@ -152,10 +153,10 @@ class Command(BaseCommand):
         self.stdout.write(f"event loop: {loop_name}")
         for stop_signal in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(stop_signal, dispatcher.stop)
-        listener = asyncio.create_task(
-            listen_for_jobs(dispatcher.wake, dispatcher.config.dispatcher_id)
-        )
+        # The LISTEN connection, and the guard the dispatcher holds there while it is idle.
+        dispatcher.idle.listener = Listener(dispatcher.wake, dispatcher.config.dispatcher_id)
+        listening = asyncio.create_task(dispatcher.idle.listener.run())
         try:
             await dispatcher.run()
         finally:
-            listener.cancel()
+            listening.cancel()

@@ -164,5 +164,6 @@ WITH due AS MATERIALIZED (
 SELECT (SELECT count(*) FROM released), (SELECT {notify} WHERE EXISTS (SELECT FROM jobs))
 
 -- name: wake_dispatchers
--- Wake idle dispatchers at commit (a replay, which makes jobs outside the fan-outs above).
+-- Wake idle dispatchers at commit (a replay, which makes jobs outside the fan-outs above), as
+-- a publish does.
 SELECT {notify}

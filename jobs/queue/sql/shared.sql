@@ -21,8 +21,13 @@
     next_attempt_at, incremental_timeout, last_error, created_at, status_changed_at, enqueued_at)
 
 -- fragment: notify
--- Wakes idle dispatchers: PostgreSQL delivers it at commit, once per transaction.
-pg_notify('{wakeup_channel}', '')
+-- Wakes idle dispatchers, only when one of them guards (sql/wakeup.sql, jobs/queue/wakeup.py):
+-- then the shared try-lock fails and PostgreSQL delivers the NOTIFY at commit, once per
+-- transaction. Else the lock is taken, shared, to the end of the transaction, and nothing is sent:
+-- no dispatcher can start guarding until this transaction has ended, so none can go to sleep
+-- without seeing its jobs; and the commit skips the lock that PostgreSQL makes notifying commits
+-- take one at a time. A scalar subquery: its WHERE runs before its select list.
+(SELECT pg_notify('{wakeup_channel}', '') WHERE NOT pg_try_advisory_xact_lock_shared({wakeup_guard}))
 
 -- fragment: matching_patterns(event_type)
 -- The text[] of every pattern that matches a message whose type is the SQL expression
